@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -42,8 +44,9 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, total: int) -> None:
     """``cu_seqlens`` must be int32/int64 ``[N+1]``, start at 0, end at ``total``, never decrease, with B = 1.
 
-    The values are read on the host, so this check synchronises with the device; kernels that must not
-    synchronise skip it (``validate=False``) and trust the caller.
+    Values are checked only for CPU tensors: reading a device tensor's values would synchronise the
+    host with the GPU on every call, which the varlen kernels exist to avoid. On a GPU only the dtype,
+    rank and length are checked and the offsets are trusted.
     """
     if cu_seqlens is None:
         return
@@ -55,13 +58,17 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, total: int) ->
             f"and shape {tuple(cu_seqlens.shape)}"
         )
     if batch != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (documents packed along T), got B={batch}")
+        raise ValueError(
+            f"with cu_seqlens the batch size must be 1 (documents packed along T), got B={batch}"
+        )
     if cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must hold at least [0, T] (N+1 >= 2 entries)")
+    if cu_seqlens.device.type != "cpu":
+        return
     values = cu_seqlens.tolist()
     if values[0] != 0 or values[-1] != total:
         raise ValueError(f"cu_seqlens must start at 0 and end at T={total}, got {values[0]}..{values[-1]}")
-    if any(b < a for a, b in zip(values, values[1:], strict=False)):
+    if any(b < a for a, b in pairwise(values)):
         raise ValueError(f"cu_seqlens must be non-decreasing, got {values}")
 
 

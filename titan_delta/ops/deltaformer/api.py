@@ -25,9 +25,19 @@ def _triton_can_run(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _auto_prefers_triton(q: torch.Tensor, beta: torch.Tensor | None, kernel: str) -> bool:
-    """The kernel does softmax κ1 on CUDA in fp32 accumulation; fp64 inputs (gradcheck) keep the reference."""
-    return kernel in TRITON_KERNELS and q.device.type == "cuda" and compute_dtype(q, beta) != torch.float64
+TRITON_HEAD_DIMS = (16, 256)  # inclusive range of D and Dv the kernel compiles for
+
+
+def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None, kernel: str) -> bool:
+    """The kernel runs softmax κ1 on CUDA for head dims in its range; fp64 (gradcheck) keeps the reference."""
+    low, high = TRITON_HEAD_DIMS
+    return (
+        kernel in TRITON_KERNELS
+        and q.device.type == "cuda"
+        and compute_dtype(q, beta) != torch.float64
+        and low <= q.shape[-1] <= high
+        and low <= v.shape[-1] <= high
+    )
 
 
 def deltaformer_attn(
@@ -58,8 +68,8 @@ def deltaformer_attn(
             no term of either stage crosses a boundary.
         scale: score scale, default D**-0.5.
         backend: "torch" (chunk-wise reference), "triton" (the kernel, κ1 = softmax only; on CPU only
-            with TRITON_INTERPRET=1), or "auto" (the kernel for softmax on CUDA when it imports and the
-            inputs are not fp64, else torch).
+            with TRITON_INTERPRET=1), or "auto" (the kernel for softmax on CUDA when it imports, the
+            inputs are not fp64 and 16 <= D, Dv <= 256; else torch).
 
     Returns:
         o: [B,T,H,Dv] in q's dtype. The math runs in fp32 (fp64 for fp64 inputs).
@@ -84,7 +94,7 @@ def deltaformer_attn(
                 f"backend='triton' requested but titan_delta_kernels.deltaformer.deltaformer_attn_triton "
                 f"is not importable: {err}"
             ) from err
-    elif backend == "auto" and _auto_prefers_triton(q, beta, kernel):
+    elif backend == "auto" and _auto_prefers_triton(q, v, beta, kernel):
         try:
             triton_kernel = _import_triton_kernel()
         except (ImportError, AttributeError):

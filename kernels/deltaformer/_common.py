@@ -1,0 +1,128 @@
+"""Shared launch settings of the DeltaFormer kernels: block sizes, dot precisions and document bounds.
+
+Every kernel works on the flattened [B, T, H, *] layout (contiguous), one (b, h) pair per program column.
+Packed documents (``cu_seqlens``) are described to the kernels by two int32 [T] tables built on the
+device, ``doc_start[t]`` and ``doc_end[t]``, so no kernel launch ever reads ``cu_seqlens`` on the host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+LOG2_E = 1.4426950408889634  # scores run through exp2, so the scale carries log2(e)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Launch settings. ``chunk`` is the diagonal-block size of the solve (the rows solved together);
+    ``superblock`` rows are solved by one sequential program per (b, h, value slice) while the
+    contributions from earlier superblocks are summed by fully parallel kernels beforehand."""
+
+    chunk: int
+    superblock: int
+    value_split: int  # number of programs that share one (b, h) in the sequential solve (Dv slices)
+    num_warps: int
+    num_stages: int
+    row_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # rows, keys, warps, stages of the row kernels
+    col_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # keys, rows, warps, stages of the key kernels
+
+    def __post_init__(self) -> None:
+        if self.chunk < 16 or self.chunk & (self.chunk - 1):
+            raise ValueError(f"BlockConfig.chunk must be a power of two >= 16, got {self.chunk}")
+        for name in ("row_tiles", "col_tiles"):
+            tiles = getattr(self, name)
+            if len(tiles) != 4 or any(size < 1 for size in tiles) or any(s & (s - 1) for s in tiles[:3]):
+                raise ValueError(f"BlockConfig.{name} must be 4 positive ints (powers of two but the last), "
+                                 f"got {tiles}")
+        if self.superblock < self.chunk or self.superblock % self.chunk:
+            raise ValueError(
+                f"BlockConfig.superblock must be a positive multiple of chunk={self.chunk}, "
+                f"got {self.superblock}"
+            )
+        if self.value_split < 1:
+            raise ValueError(f"BlockConfig.value_split must be >= 1, got {self.value_split}")
+
+
+def _env_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    try:
+        row_text, col_text = text.split(";")
+        return tuple(int(x) for x in row_text.split(",")), tuple(int(x) for x in col_text.split(","))
+    except ValueError as err:
+        raise ValueError("TITAN_DELTA_DF_TILES must look like "
+                         f"'rows,keys,warps,stages;keys,rows,warps,stages', got {text!r}") from err
+
+
+def default_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
+    """Tiles for the GPU (64-row chunks) and small ones for the CPU interpreter, where tests are tiny."""
+    if interpreting():
+        return BlockConfig(chunk=16, superblock=32, value_split=1, num_warps=4, num_stages=1,
+                           row_tiles=(16, 16, 4, 1), col_tiles=(16, 16, 4, 1))
+    env = os.environ.get("TITAN_DELTA_DF_SUPERBLOCK")
+    # Best of {256, 512, 1024} on an H200 (docs/benchmarks.md, run 3): 256 at T = 8192 (less sequential
+    # work per (b, h)), 512 at T = 2048 (fewer, fuller parallel launches). Other lengths are untuned.
+    superblock = int(env) if env else (256 if seq_len >= 8192 else 512)
+    split_env = os.environ.get("TITAN_DELTA_DF_VSPLIT")
+    value_split = int(split_env) if split_env else max(1, triton.next_power_of_2(value_dim) // 64)
+    width = max(head_dim, value_dim)
+    chunk = 64 if width <= 128 else 32
+    superblock = max(chunk, (superblock // chunk) * chunk)
+    # measured on an H200 (docs/benchmarks.md): 128-row tiles for D = 128, 64-row tiles for D = 64
+    row_tiles = (64, 64, 4, 3) if width <= 64 else (128, 64, 8, 3) if width <= 128 else (32, 32, 8, 1)
+    col_tiles = row_tiles
+    tiles_env = os.environ.get("TITAN_DELTA_DF_TILES")
+    if tiles_env:
+        row_tiles, col_tiles = _env_tiles(tiles_env)  # type: ignore[assignment]
+    return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
+                       num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
+                       col_tiles=col_tiles)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products; bf16/fp16 products are exact in fp32 accumulation anyway."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def inverse_precision(dtype: torch.dtype) -> str:
+    """Precision of the small fp32 products of the diagonal-block inverses and their application.
+
+    For bf16/fp16 inputs plain tf32 measured the same errors as tf32x3 at a third of the cost (the
+    inverse entries are bounded by 1: β P is row-substochastic); fp32 inputs get exact products."""
+    env = os.environ.get("TITAN_DELTA_DF_INV_PREC")
+    if env:
+        return env
+    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+
+
+def log2_int(n: int) -> int:
+    return int(math.log2(n))
+
+
+def document_tables(cu_seqlens: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 [T] first position and one-past-last position of each token's document, on the device."""
+    bounds = cu_seqlens.to(torch.int64)
+    positions = torch.arange(seq_len, device=bounds.device, dtype=torch.int64)
+    doc = torch.searchsorted(bounds[1:], positions, right=True)
+    doc_start = bounds[doc].to(torch.int32)
+    doc_end = bounds[(doc + 1).clamp_max(bounds.numel() - 1)].to(torch.int32)
+    return doc_start.contiguous(), doc_end.contiguous()
+
+
+def new_buffer(
+    shape: tuple[int, ...] | torch.Size, *, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch.empty, except under TITAN_DELTA_POISON=1 (tests) where it is NaN-filled, so any element a
+    kernel forgets to write shows up in the comparison with the reference."""
+    out = torch.empty(tuple(shape), device=device, dtype=dtype)
+    if os.environ.get("TITAN_DELTA_POISON") == "1":
+        out.fill_(float("nan"))
+    return out

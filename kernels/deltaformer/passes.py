@@ -1,0 +1,126 @@
+"""Forward and backward passes of DeltaFormer attention as sequences of kernel launches (no autograd here).
+
+Forward:  lse1 = κ1 normalisers (strictly causal)  →  diagonal-block inverses  →  U and (P U) superblock
+by superblock (parallel contribution of earlier superblocks, then the sequential walk)  →  stage 2.
+With w = q (the default probe) stage 2 shares stage 1's scores, so it needs no pass of its own:
+o_t = α_t (P U)_t + (1 − α_t) U_t, α_t = Z_t / (Z_t + e^{s_tt}), written by the solve itself.
+With a separate w, stage 2 is a causal flash-attention forward over U.
+
+Backward: (separate w: stage-2 flash backward gives dq, dk and dU first)  →  transposed solve from the
+end gives G = dv and the score cotangent Y_t = α_t dO_t − β_t G_t (α = 0 and dO → dU with separate w)
+→  with D_t = Y_t·(P U)_t − c_t one row pass gives dw (= dq for w = q) and one key pass gives dk, where
+c_t = dα_t α_t (1 − α_t) carries α's dependence on Z; dβ_t = −G_t·(P U)_t; the diagonal score s_tt
+adds −c_t to the last two. Saved between passes: q, k, v, w, β, U, P U, o, lse — O(B·T·H·D); the
+T×chunk inverses are rebuilt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from titan_delta_kernels.deltaformer._common import BlockConfig, dot_precision, inverse_precision, new_buffer
+from titan_delta_kernels.deltaformer.cols import col_backward
+from titan_delta_kernels.deltaformer.rows import row_backward, row_forward
+from titan_delta_kernels.deltaformer.rowstats import score_cotangents, stage2_weights
+from titan_delta_kernels.deltaformer.solve import diag_inverse, solve_backward, solve_forward
+
+
+def _superblocks(seq_len: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, seq_len)) for lo in range(0, seq_len, size)]
+
+
+def _settings(dtype: torch.dtype, cfg: BlockConfig) -> tuple[dict, dict, dict]:
+    """Launch keywords of the row kernels, the key (column) kernels and the solve kernels."""
+    prec, inv_prec = dot_precision(dtype), inverse_precision(dtype)
+    r_rows, r_keys, r_warps, r_stages = cfg.row_tiles
+    c_keys, c_rows, c_warps, c_stages = cfg.col_tiles
+    rows = dict(block=r_rows, keys=r_keys, dot_prec=prec, num_warps=r_warps, num_stages=r_stages)
+    cols = dict(block=c_rows, keys=c_keys, dot_prec=prec, num_warps=c_warps, num_stages=c_stages)
+    solve = dict(chunk=cfg.chunk, value_split=cfg.value_split, dot_prec=prec, inv_prec=inv_prec,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return rows, cols, solve
+
+
+def forward_pass(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: BlockConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o (q's dtype), U and P·U (v's dtype), lse1 and lse2 (fp32 [B, H, T], log2 domain; lse2 is
+    [B, H, 0] when w is None, as stage 2 then needs no normaliser of its own)."""
+    B, T, H, _ = q.shape
+    x = q if w is None else w
+    rows, _, solve = _settings(q.dtype, cfg)
+    lse1 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
+    row_forward(x, k, None, lse1, None, doc_start, scale=scale, strict=True, online=True, **rows)
+    linv = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk, dot_prec=solve["dot_prec"],
+                        inv_prec=solve["inv_prec"], num_warps=cfg.num_warps)
+    u = new_buffer(v.shape, device=v.device, dtype=v.dtype)
+    pu = new_buffer(v.shape, device=v.device, dtype=v.dtype)
+    o = new_buffer(v.shape, device=q.device, dtype=q.dtype)
+    partial = None
+    for lo, hi in _superblocks(T, cfg.superblock):
+        if lo > 0:
+            if partial is None:
+                partial = new_buffer(v.shape, device=v.device, dtype=torch.float32)
+            row_forward(x, k, u, lse1, partial, doc_start, scale=scale, strict=True, online=False,
+                        row_base=lo, row_count=hi - lo, keys_before_base=True, **rows)
+        solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
+                      doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)
+    if w is None:
+        return o, u, pu, lse1, lse1.new_empty((B, H, 0))
+    lse2 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
+    row_forward(q, k, u, lse2, o, doc_start, scale=scale, strict=False, online=True, **rows)
+    return o, u, pu, lse1, lse2
+
+
+def backward_pass(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    w: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor, o: torch.Tensor, lse1: torch.Tensor,
+    lse2: torch.Tensor, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float,
+    cfg: BlockConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """fp32 gradients dq, dk, dv, dβ and dw (None when w is None: then dq holds both stages)."""
+    T = q.shape[1]
+    x = q if w is None else w
+    rows, cols, solve = _settings(q.dtype, cfg)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    do = do.contiguous()
+    if w is None:
+        alpha = new_buffer(beta.shape, **f32)
+        c = new_buffer(beta.shape, **f32)
+        stage2_weights(q, k, do, pu, u, lse1, doc_start, alpha, c, scale=scale)
+        src = do
+    else:  # stage 2 on its own: flash-attention backward over (q, k, U)
+        alpha, c = None, None
+        d2 = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()  # [B, H, T]
+        dq2 = new_buffer(q.shape, **f32)
+        row_backward(q, k, u, do, lse2, d2, dq2, doc_start, scale=scale, strict=False, **rows)
+        dk2 = new_buffer(k.shape, **f32)
+        src = new_buffer(v.shape, **f32)
+        col_backward(q, k, u, do, lse2, d2, dk2, src, doc_start, doc_end, scale=scale, strict=False, **cols)
+    linv = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk, dot_prec=solve["dot_prec"],
+                        inv_prec=solve["inv_prec"], num_warps=cfg.num_warps)
+    g = new_buffer(v.shape, **f32)
+    y = new_buffer(v.shape, **f32)
+    partial = None
+    for lo, hi in reversed(_superblocks(T, cfg.superblock)):
+        if hi < T:
+            if partial is None:
+                partial = new_buffer(v.shape, **f32)
+            col_backward(x, k, None, y, lse1, None, None, partial, doc_start, doc_end, scale=scale,
+                         strict=True, key_base=lo, key_stop=hi, row_from=hi, **cols)
+        solve_backward(x, k, src, alpha, g, y, beta, lse1, linv, partial if hi < T else None, doc_start,
+                       doc_end, row_lo=lo, row_hi=hi, scale=scale, **solve)
+    dvec = new_buffer(lse1.shape, **f32)
+    dbeta = new_buffer(beta.shape, device=beta.device, dtype=beta.dtype)
+    score_cotangents(y, g, pu, c, dvec, dbeta)
+    # w = q: write dq, dk straight in the input dtype (nothing is added to them afterwards).
+    grad = dict(device=q.device, dtype=q.dtype if w is None else torch.float32)
+    dx = new_buffer(x.shape, **grad)
+    row_backward(x, k, u, y, lse1, dvec, dx, doc_start, scale=scale, strict=True, diag_c=c, **rows)
+    dk = new_buffer(k.shape, **grad)
+    col_backward(x, k, u, y, lse1, dvec, dk, None, doc_start, doc_end, scale=scale, strict=True, diag_c=c,
+                 **cols)
+    if w is None:
+        return dx, dk, g, dbeta, None
+    return dq2, dk + dk2, g, dbeta, dx

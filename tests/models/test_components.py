@@ -1,0 +1,75 @@
+"""Norms, rotary embeddings, SwiGLU width and the document-aware short convolution."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from titan_delta.models.components import (
+    GatedRMSNorm,
+    RMSNorm,
+    RotaryEmbedding,
+    ShortCausalConv,
+    apply_rotary,
+    swiglu_hidden_dim,
+)
+from titan_delta.models.context import document_ids, positions_in_documents
+from titan_delta.testing import assert_rel_close
+
+
+def test_rms_norms_match_formula():
+    x, gate = torch.randn(3, 5, 16, dtype=torch.float64), torch.randn(3, 5, 16, dtype=torch.float64)
+    norm, gated = RMSNorm(16, eps=1e-6).double(), GatedRMSNorm(16, eps=1e-6).double()
+    with torch.no_grad():
+        norm.weight.normal_()
+        gated.weight.normal_()
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_rel_close(norm(x), expected * norm.weight, 1e-12, "rmsnorm")
+    assert_rel_close(gated(x, gate), expected * gated.weight * F.silu(gate), 1e-12, "gated rmsnorm")
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(8, theta=10000.0)
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+
+    def score(pos_q: int, pos_k: int) -> torch.Tensor:
+        cq, sq = rope(torch.tensor([[pos_q]]))
+        ck, sk = rope(torch.tensor([[pos_k]]))
+        return (apply_rotary(q, cq.double(), sq.double()) * apply_rotary(k, ck.double(), sk.double())).sum()
+
+    assert torch.allclose(score(7, 3), score(104, 100), atol=1e-5)
+    assert not torch.allclose(score(7, 3), score(7, 4), atol=1e-3)
+    cos, sin = rope(torch.zeros(1, 1, dtype=torch.long))
+    assert torch.equal(apply_rotary(q, cos, sin), q)  # position 0 is the identity
+
+
+def test_swiglu_hidden_dim_rounding():
+    assert swiglu_hidden_dim(1024) == 2816
+    assert swiglu_hidden_dim(2048) == 5632
+    assert swiglu_hidden_dim(64, multiple_of=32) == 192
+
+
+def test_short_conv_matches_conv1d_without_documents():
+    conv = ShortCausalConv(6, kernel_size=4).double()
+    x = torch.randn(2, 11, 6, dtype=torch.float64)
+    ref = F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), conv.weight, groups=6).transpose(1, 2)
+    assert_rel_close(conv(x), F.silu(ref), 1e-12, "short conv")
+    short = torch.randn(1, 2, 6, dtype=torch.float64)  # T < kernel size
+    ref_short = F.conv1d(F.pad(short.transpose(1, 2), (3, 0)), conv.weight, groups=6).transpose(1, 2)
+    assert_rel_close(conv(short), F.silu(ref_short), 1e-12, "short conv, T < K")
+
+
+def test_short_conv_never_crosses_documents():
+    conv = ShortCausalConv(5, kernel_size=4).double()
+    lengths = [3, 1, 6, 2]
+    cu = torch.tensor([0, 3, 4, 10, 12], dtype=torch.int32)
+    x = torch.randn(1, 12, 5, dtype=torch.float64)
+    packed = conv(x, positions_in_documents(cu, 12).unsqueeze(0))
+    alone = torch.cat([conv(part) for part in x.split(lengths, dim=1)], dim=1)
+    assert_rel_close(packed, alone, 1e-12, "packed conv vs per-document conv")
+
+
+def test_document_ids_and_positions():
+    cu = torch.tensor([0, 2, 2, 5, 6], dtype=torch.int64)  # includes an empty document
+    assert document_ids(cu, 6).tolist() == [0, 0, 2, 2, 2, 3]
+    assert positions_in_documents(cu, 6).tolist() == [0, 1, 0, 1, 2, 0]

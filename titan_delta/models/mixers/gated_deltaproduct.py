@@ -1,0 +1,110 @@
+"""Gated DeltaProduct mixer (Siems et al.): n_h keys/values/β per token, Mamba2-style forget gate,
+short causal convs, L2-normalised q/k and a gated RMSNorm output, around
+``titan_delta.ops.gated_delta_product``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_delta.models.components.norms import GatedRMSNorm
+from titan_delta.models.components.short_conv import ShortCausalConv
+from titan_delta.models.context import MixerContext
+from titan_delta.models.flops import gated_deltaproduct_flops
+from titan_delta.ops import gated_delta_product
+
+
+@dataclass
+class GatedDeltaProductConfig:
+    dim: int
+    n_heads: int
+    head_dim: int  # key/query dim K per head
+    head_v_dim: int  # value dim V per head
+    num_householder: int = 2
+    allow_neg_eigval: bool = False  # β = 2·sigmoid ∈ (0, 2): Householder steps with negative eigenvalues
+    conv_size: int = 4
+    norm_eps: float = 1e-6
+    backend: str = "auto"
+    # Mamba2 initialisation of the gate: A ~ U[1, 16], dt log-uniform in [dt_min, dt_max]
+    a_init_range: tuple[float, float] = (1.0, 16.0)
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    dt_init_floor: float = 1e-4
+
+
+class GatedDeltaProduct(nn.Module):
+    def __init__(self, config: GatedDeltaProductConfig) -> None:
+        super().__init__()
+        c = config
+        if c.num_householder < 1:
+            raise ValueError(f"gdp_num_householder must be >= 1, got {c.num_householder}")
+        if c.conv_size < 1:
+            raise ValueError(f"gdp_conv_size must be >= 1, got {c.conv_size}")
+        self.config = c
+        n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
+        self.q_proj = nn.Linear(c.dim, H * K, bias=False)
+        self.k_proj = nn.Linear(c.dim, n * H * K, bias=False)
+        self.v_proj = nn.Linear(c.dim, n * H * V, bias=False)
+        self.b_proj = nn.Linear(c.dim, n * H, bias=False)
+        self.a_proj = nn.Linear(c.dim, H, bias=False)
+        self.g_proj = nn.Linear(c.dim, H * V, bias=False)
+        self.o_proj = nn.Linear(H * V, c.dim, bias=False)
+        self.q_conv = ShortCausalConv(H * K, c.conv_size)
+        self.k_conv = ShortCausalConv(n * H * K, c.conv_size)
+        self.v_conv = ShortCausalConv(n * H * V, c.conv_size)
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.dt_bias = nn.Parameter(torch.empty(H))
+        self.A_log._no_weight_decay = True  # optimizers may read this flag, as FLA's trainer does
+        self.dt_bias._no_weight_decay = True
+        self.o_norm = GatedRMSNorm(V, c.norm_eps)
+        self._init_gate()
+
+    def _init_gate(self) -> None:
+        c = self.config
+        with torch.no_grad():
+            A = torch.empty_like(self.A_log, dtype=torch.float32).uniform_(*c.a_init_range)
+            self.A_log.copy_(torch.log(A))
+            log_dt = torch.empty_like(self.dt_bias, dtype=torch.float32).uniform_(
+                math.log(c.dt_min), math.log(c.dt_max)
+            )
+            dt = torch.exp(log_dt).clamp(min=c.dt_init_floor)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
+
+    def init_weights(self, init_std: float, out_std: float) -> None:
+        for linear in (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj, self.g_proj):
+            nn.init.trunc_normal_(linear.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
+        nn.init.trunc_normal_(self.o_proj.weight, std=out_std, a=-3 * out_std, b=3 * out_std)
+        for conv in (self.q_conv, self.k_conv, self.v_conv):
+            conv.reset_parameters()
+        self.o_norm.reset_parameters()
+        self._init_gate()
+
+    def core_flops_per_token(self, seq_len: int) -> float:
+        c = self.config
+        return gated_deltaproduct_flops(c.n_heads, c.head_dim, c.head_v_dim, c.num_householder)
+
+    def forward(self, x: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        c = self.config
+        n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
+        q = self.q_conv(self.q_proj(x), ctx.seq_pos).view(B, T, H, K)
+        k = self.k_conv(self.k_proj(x), ctx.seq_pos).view(B, T * n, H, K)  # step j of token t at t·n + j
+        v = self.v_conv(self.v_proj(x), ctx.seq_pos).view(B, T * n, H, V)
+        # autocast runs normalize in fp32; the op wants q, k and v in one dtype
+        q, k = F.normalize(q, p=2.0, dim=-1).to(v.dtype), F.normalize(k, p=2.0, dim=-1).to(v.dtype)
+        beta = torch.sigmoid(self.b_proj(x)).view(B, T * n, H)
+        if c.allow_neg_eigval:
+            beta = beta * 2.0
+        gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over time: ≥ fp32
+        g = -self.A_log.to(gate_dtype).exp() * F.softplus(
+            self.a_proj(x).to(gate_dtype) + self.dt_bias.to(gate_dtype)
+        )
+        o, _ = gated_delta_product(
+            q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
+        )
+        o = self.o_norm(o, self.g_proj(x).view(B, T, H, V))
+        return self.o_proj(o.reshape(B, T, H * V))

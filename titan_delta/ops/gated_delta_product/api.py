@@ -16,6 +16,22 @@ def _load_triton_kernel():
     return gated_delta_product_triton
 
 
+# Where "auto" takes the kernel: the head sizes its H200 correctness runs covered (docs/benchmarks.md) and the
+# n_h range it compiles for. Anything else runs the reference rather than an unverified or refused launch.
+AUTO_KERNEL_HEAD_DIMS = (64, 128)
+AUTO_KERNEL_MAX_HOUSEHOLDER = 8
+
+
+def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, num_householder: int) -> bool:
+    return (
+        q.is_cuda
+        and q.dtype != torch.float64
+        and q.shape[-1] in AUTO_KERNEL_HEAD_DIMS
+        and v.shape[-1] in AUTO_KERNEL_HEAD_DIMS
+        and num_householder <= AUTO_KERNEL_MAX_HOUSEHOLDER
+    )
+
+
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -40,7 +56,8 @@ def gated_delta_product(
     Returns o [B,T,H,V] in q's dtype and the final state [N,H,K,V] (fp32; fp64 for fp64 inputs) or None.
 
     ``backend``: "torch" runs the chunked PyTorch reference; "triton" the Triton kernel (error if it cannot
-    be imported); "auto" the kernel for CUDA tensors when it imports, else the reference.
+    be imported); "auto" the kernel for non-fp64 CUDA tensors with K, V in {64, 128} and n_h <= 8 when it
+    imports, else the reference.
     """
     check_backend(backend)
     dims = validate_gated_delta_product_args(
@@ -63,7 +80,7 @@ def gated_delta_product(
                 "backend='triton' needs titan_delta_kernels.gated_delta_product.gated_delta_product_triton, "
                 f"which could not be imported ({err}); use backend='torch' or 'auto'"
             ) from err
-    elif backend == "auto" and q.is_cuda:
+    elif backend == "auto" and _auto_prefers_triton(q, v, num_householder):
         try:
             kernel = _load_triton_kernel()
         except (ImportError, AttributeError):

@@ -1,0 +1,153 @@
+"""Per-chunk outputs and their local value gradient, with C query rows per chunk (one per token).
+
+o_i = scale·(e^{Gq_i} q_iᵀ S₀ + Σ_{r ≤ last step of token i} e^{Gq_i − G_r} (q_iᵀ k_r) δ_r).
+FLA runs the same product over all C·n_h steps with zero queries; here the score matrix is C × C·n_h.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.gated_delta_product._common import (
+    ChunkGeometry,
+    SequenceLayout,
+    chunk_log_gates,
+    locate_chunk,
+)
+
+
+@triton.jit
+def masked_scores(b_q, b_kt, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r), zero where step r comes after token i."""
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    causal = ((o_s // NH)[None, :] <= o_t[:, None]) & (o_t < n_tok)[:, None]
+    decay = tl.exp(tl.where(causal, Gq[:, None] - G[None, :], float("-inf")))
+    return tl.dot(b_q, b_kt) * decay
+
+
+@triton.jit
+def output_fwd_kernel(
+    q, k, g, v_new, chunk_states, o,
+    cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
+    tok0 = bos + i_c * C
+    if tok0 >= eos:
+        return
+    n_tok = tl.minimum(C, eos - tok0)
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_s = o_s < n_tok * NH
+    m_t = o_t < n_tok
+    rows = (tok0.to(tl.int64) * NH + o_s) * H + i_h
+    q_rows = (tok0.to(tl.int64) + o_t) * H + i_h
+    if IS_VARLEN:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+        chunk_id = i_c + tl.load(chunk_offsets + seq)
+    else:
+        chunk_id = i_chunk
+    h_off = ((chunk_id.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+
+    b_q = tl.load(q + q_rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+    b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=(o_k < K)[:, None] & m_s[None, :], other=0.0)
+    b_h = tl.load(chunk_states + h_off, mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.0)
+    b_d = tl.load(v_new + rows[:, None] * V + o_v[None, :], mask=m_s[:, None] & (o_v < V)[None, :], other=0.0)
+    G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+
+    b_s = masked_scores(b_q, b_kt, G, Gq, n_tok, NH, BT, BC)
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype)) * tl.exp(Gq)[:, None] + tl.dot(b_s, b_d.to(tl.float32))
+    tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
+             mask=m_t[:, None] & (o_v < V)[None, :])  # fmt: skip
+
+
+@triton.jit
+def dv_local_kernel(
+    q, k, g, d_out, d_vlocal,
+    cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """∂L/∂δ from this chunk's own outputs: scale·scoresᵀ dO (the reverse pass adds the state part)."""
+    i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
+    tok0 = bos + i_c * C
+    if tok0 >= eos:
+        return
+    n_tok = tl.minimum(C, eos - tok0)
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_s = o_s < n_tok * NH
+    m_t = o_t < n_tok
+    rows = (tok0.to(tl.int64) * NH + o_s) * H + i_h
+    q_rows = (tok0.to(tl.int64) + o_t) * H + i_h
+
+    b_qt = tl.load(q + q_rows[None, :] * K + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
+    b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
+    b_do = tl.load(d_out + q_rows[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v < V)[None, :],
+                   other=0.0)  # fmt: skip
+    G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+    # Scores built transposed ([steps, queries]) rather than transposing a dot result (see grads.py).
+    causal_t = ((o_s // NH)[:, None] <= o_t[None, :]) & m_t[None, :]
+    decay_t = tl.exp(tl.where(causal_t, Gq[None, :] - G[:, None], float("-inf")))
+    b_st = tl.dot(b_k, b_qt) * decay_t * scale
+    b_dv = tl.dot(b_st.to(b_k.dtype), b_do.to(b_k.dtype))
+    tl.store(d_vlocal + rows[:, None] * V + o_v[None, :], b_dv.to(d_vlocal.dtype.element_ty),
+             mask=m_s[:, None] & (o_v < V)[None, :])  # fmt: skip
+
+
+def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool) -> None:
+    _, _, H, K = q.shape
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(64, max(16, triton.next_power_of_2(V)))
+    kernel[(seqs.grid_chunks, H, triton.cdiv(V, BV))](
+        *tensors,
+        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
+        seqs.num_sequences, seqs.search_steps, scale,
+        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+        BC=geo.block_tokens, BK=BK, BV=BV, USE_G=use_g, IS_VARLEN=seqs.is_varlen, num_warps=4,
+    )  # fmt: skip
+
+
+def output_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor | None,
+    v_new: torch.Tensor,
+    chunk_states: torch.Tensor,
+    scale: float,
+    geo: ChunkGeometry,
+    seqs: SequenceLayout,
+) -> torch.Tensor:
+    V = v_new.shape[-1]
+    o = q.new_empty(*q.shape[:3], V)
+    _launch(output_fwd_kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
+            g is not None)  # fmt: skip
+    return o
+
+
+def dv_local(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor | None,
+    d_out: torch.Tensor,
+    scale: float,
+    geo: ChunkGeometry,
+    seqs: SequenceLayout,
+) -> torch.Tensor:
+    """fp32 [B, L, H, V]: the within-chunk part of ∂L/∂δ."""
+    V = d_out.shape[-1]
+    d_vlocal = torch.empty(*k.shape[:3], V, dtype=torch.float32, device=k.device)
+    _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,
+            g is not None)  # fmt: skip
+    return d_vlocal

@@ -1,0 +1,195 @@
+"""The two sequential passes over chunks: forward states and reverse state gradients.
+
+One program per (sequence, head, V-tile) walks its sequence's chunks in order; the V columns of the state
+are independent, so tiling V is exact. Everything heavy per chunk (UT transform, outputs, local gradients)
+runs in the parallel per-chunk kernels; these passes only carry the [K, BV] state (fp32) across chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.gated_delta_product._common import (
+    ChunkGeometry,
+    SequenceLayout,
+    chunk_log_gates,
+    sequence_bounds,
+)
+
+
+@triton.jit
+def state_fwd_kernel(
+    k, w, u, g, h0, chunk_states, v_new, final_state,
+    cu_seqlens, chunk_offsets, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Stores the state entering each chunk and δ = U − W S for it; writes the final state."""
+    i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
+    o_s = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    state_off = ((i_seq * H + i_h) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
+    if USE_H0:
+        b_h = tl.load(h0 + state_off, mask=m_kv, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    n_chunks = tl.cdiv(eos - bos, C)
+    for i_c in range(0, n_chunks):
+        tok0 = bos + i_c * C
+        n_tok = tl.minimum(C, eos - tok0)
+        m_s = o_s < n_tok * NH
+        rows = (tok0.to(tl.int64) * NH + o_s) * H + i_h
+        h_off = (((first_chunk + i_c).to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+        tl.store(chunk_states + h_off, b_h.to(chunk_states.dtype.element_ty), mask=m_kv)
+
+        m_sk = m_s[:, None] & (o_k < K)[None, :]
+        m_sv = m_s[:, None] & (o_v < V)[None, :]
+        b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
+        b_delta = b_u - tl.dot(b_w, b_h)  # fp32 operands (tf32 on tensor cores)
+        tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
+
+        G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+        m_ks = (o_k < K)[:, None] & m_s[None, :]
+        b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+        b_delta = b_delta * tl.exp(G_last - G)[:, None]
+        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(tl.float32), b_delta)
+    tl.store(final_state + state_off, b_h, mask=m_kv)
+
+
+@triton.jit
+def state_bwd_kernel(
+    q, k, w, g, d_out, d_final, d_vlocal, d_chunk_states, d_delta, d_h0,
+    cu_seqlens, chunk_offsets, T, NT, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state."""
+    i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    state_off = ((i_seq * H + i_h) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
+    if USE_DHT:
+        b_dh = tl.load(d_final + state_off, mask=m_kv, other=0.0).to(tl.float32)
+    else:
+        b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    n_chunks = tl.cdiv(eos - bos, C)
+    for i_rev in range(0, n_chunks):
+        i_c = n_chunks - 1 - i_rev
+        tok0 = bos + i_c * C
+        n_tok = tl.minimum(C, eos - tok0)
+        m_s = o_s < n_tok * NH
+        m_t = o_t < n_tok
+        rows = (tok0.to(tl.int64) * NH + o_s) * H + i_h
+        q_rows = (tok0.to(tl.int64) + o_t) * H + i_h
+        h_off = (((first_chunk + i_c).to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+        tl.store(d_chunk_states + h_off, b_dh.to(d_chunk_states.dtype.element_ty), mask=m_kv)
+
+        G, Gq, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+        m_sk = m_s[:, None] & (o_k < K)[None, :]
+        m_sv = m_s[:, None] & (o_v < V)[None, :]
+        b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_dd = tl.load(d_vlocal + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
+        b_dd += tl.dot(b_k, b_dh.to(b_k.dtype)) * tl.exp(G_last - G)[:, None]
+        tl.store(d_delta + rows[:, None] * V + o_v[None, :], b_dd.to(d_delta.dtype.element_ty), mask=m_sv)
+
+        m_kt = (o_k < K)[:, None] & m_t[None, :]
+        b_qt = tl.load(q + q_rows[None, :] * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_do = tl.load(d_out + q_rows[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v < V)[None, :],
+                       other=0.0)  # fmt: skip
+        b_do = (b_do.to(tl.float32) * (scale * tl.exp(Gq))[:, None]).to(b_qt.dtype)
+        m_ks = (o_k < K)[:, None] & m_s[None, :]
+        b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+        b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - tl.dot(b_wt, b_dd.to(b_wt.dtype))
+    tl.store(d_h0 + state_off, b_dh, mask=m_kv)
+
+
+# The state passes are sequential over chunks, so their speed is set by how many programs share the GPU:
+# narrow V tiles give N·H·V/BV programs (twice as many with 32 as with 64).
+STATE_BLOCK_V = 32
+STATE_NUM_WARPS = 4
+
+
+def _stages(BK: int) -> int:
+    """Software-pipelining depth of the chunk loop: with 3 stages the reverse pass needed 238 KB of shared
+    memory at K = 128 on an H200 (Triton 3.6; limit 227 KB); 2 stages, and 1 beyond K = 128."""
+    return 2 if BK <= 128 else 1
+
+
+def _blocks(K: int, V: int, block_v: int | None) -> tuple[int, int]:
+    BV = block_v or STATE_BLOCK_V
+    return max(16, triton.next_power_of_2(K)), min(BV, max(16, triton.next_power_of_2(V)))
+
+
+def state_fwd(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    geo: ChunkGeometry,
+    seqs: SequenceLayout,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ fp32 like u, final state [N,H,K,V] fp32)."""
+    _, _, H, K = k.shape
+    V = u.shape[-1]
+    BK, BV = _blocks(K, V, block_v)
+    chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
+    v_new = torch.empty_like(u)
+    final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
+    grid = (seqs.num_sequences, H, triton.cdiv(V, BV))
+    state_fwd_kernel[grid](
+        k, w, u, k if g is None else g, k if initial_state is None else initial_state,
+        chunk_states, v_new, final_state,
+        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
+        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+        BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
+        IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS, num_stages=_stages(BK),
+    )  # fmt: skip
+    return chunk_states, v_new, final_state
+
+
+def state_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    g: torch.Tensor | None,
+    d_out: torch.Tensor,
+    d_final: torch.Tensor | None,
+    d_vlocal: torch.Tensor,
+    scale: float,
+    geo: ChunkGeometry,
+    seqs: SequenceLayout,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32)."""
+    _, _, H, K = k.shape
+    V = d_vlocal.shape[-1]
+    BK, BV = _blocks(K, V, block_v)
+    d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
+    d_delta = torch.empty_like(d_vlocal)
+    d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
+    grid = (seqs.num_sequences, H, triton.cdiv(V, BV))
+    state_bwd_kernel[grid](
+        q, k, w, k if g is None else g, d_out, k if d_final is None else d_final, d_vlocal,
+        d_chunk_states, d_delta, d_h0,
+        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
+        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+        BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
+        IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS, num_stages=_stages(BK),
+    )  # fmt: skip
+    return d_chunk_states, d_delta, d_h0

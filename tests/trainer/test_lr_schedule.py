@@ -1,0 +1,79 @@
+"""Warmup-stable-decay and cosine schedules: exact values at the phase boundaries, shapes, bad configs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+from torchtitan.config import LRScheduler as LRSchedulerConfig
+
+from titan_delta.trainer.lr_schedule import build_lr_schedulers, lr_factor, schedule_phases
+from titan_delta.trainer.optimizer import GroupedOptimizersContainer, WeightDecayRule
+
+
+def _factors(config: LRSchedulerConfig, steps: int) -> list[float]:
+    phases = schedule_phases(config, steps)
+    return [lr_factor(i, phases) for i in range(steps)]
+
+
+def test_wsd_warmup_stable_then_linear_decay_to_min() -> None:
+    total, warmup = random.randint(20, 200), random.randint(1, 10)
+    config = LRSchedulerConfig(warmup_steps=warmup, decay_ratio=0.25, decay_type="linear", min_lr_factor=0.1)
+    f = _factors(config, total)
+    decay = round(total * 0.25)
+    assert f[:warmup] == pytest.approx([(i + 1) / warmup for i in range(warmup)])
+    assert f[warmup - 1] == 1.0
+    assert all(v == 1.0 for v in f[warmup : total - decay])
+    assert f[-1] == pytest.approx(0.1)
+    tail = f[total - decay :]
+    assert all(a > b for a, b in itertools.pairwise(tail))
+    steps = [b - a for a, b in itertools.pairwise(tail)]
+    assert max(steps) == pytest.approx(min(steps))  # linear
+
+
+def test_cosine_decays_from_end_of_warmup() -> None:
+    total, warmup = random.randint(30, 300), random.randint(1, 20)
+    config = LRSchedulerConfig(warmup_steps=warmup, decay_type="cosine", min_lr_factor=0.0)
+    f = _factors(config, total)
+    decay = total - warmup
+    for i in random.sample(range(warmup, total), 10):
+        progress = (i + 1 - warmup) / decay
+        assert f[i] == pytest.approx(0.5 * (1 + math.cos(math.pi * progress)))
+    assert f[-1] == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(total + 5, schedule_phases(config, total)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_scheduler_drives_the_optimizer_lr() -> None:
+    model = torch.nn.Linear(4, 4)
+    optimizers = GroupedOptimizersContainer(
+        [model], torch.optim.AdamW, {"lr": 2e-3, "weight_decay": 0.1}, WeightDecayRule()
+    )
+    config = LRSchedulerConfig(warmup_steps=2, decay_ratio=0.5, decay_type="linear", min_lr_factor=0.0)
+    schedulers = build_lr_schedulers(optimizers, config, 6)
+    seen = []
+    for _ in range(6):
+        seen.append(optimizers.optimizers[0].param_groups[0]["lr"])
+        optimizers.step()
+        schedulers.step()
+    assert seen == pytest.approx([1e-3, 2e-3, 2e-3, 2e-3 * 2 / 3, 2e-3 / 3, 0.0], abs=1e-12)
+    assert "lr_lambdas" in schedulers.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"warmup_steps": 11}, "warmup_steps = 11"),
+        ({"warmup_steps": 5, "decay_ratio": 0.8}, "exceeds the 10 total steps"),
+        ({"warmup_steps": 0, "decay_ratio": 1.5}, "decay_ratio = 1.5"),
+        ({"warmup_steps": 0, "decay_type": "exp"}, "decay_type = 'exp'"),
+        ({"warmup_steps": 0, "min_lr_factor": -0.1}, "min_lr_factor = -0.1"),
+        ({"total_steps": 0}, "total_steps"),
+    ],
+)
+def test_bad_schedules_name_the_key(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=r"\[lr_scheduler\]") as err:
+        schedule_phases(LRSchedulerConfig(**fields), 10)
+    assert message in str(err.value)

@@ -1,0 +1,84 @@
+"""Kill a FSDP×2 run mid-training, leave a torn checkpoint behind, resume: the losses and gradient norms of
+the resumed steps equal the uninterrupted run's, the torn folder is never loaded, keep-latest-k holds,
+and the exported final weights are identical."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+from tests.trainer.conftest import STEPS_LONG, from_seed
+from tests.trainer.helpers import DEBUG_CONFIG, scalars, train, train_until
+from titan_delta.trainer.checkpoint import COMPLETE_MARKER, list_checkpoint_dirs
+from tools.export_checkpoint import export
+
+LOSS = "loss_metrics/global_avg_loss"
+
+
+def _fabricate_torn(folder: Path, source_step: int, torn_step: int) -> Path:
+    """What a save killed while overwriting an older step-N leaves: the old .metadata, missing shards,
+    no completion marker. torchtitan's own rule (".metadata exists") would pick it as the latest."""
+    torn = folder / f"step-{torn_step}"
+    shutil.copytree(folder / f"step-{source_step}", torn)
+    (torn / COMPLETE_MARKER).unlink()
+    next(torn.glob("*.distcp")).unlink()
+    assert (torn / ".metadata").is_file()
+    return torn
+
+
+def test_kill_and_resume_matches_uninterrupted(runs_root, seed_checkpoint, fsdp_run, tmp_path) -> None:
+    reference_dump, _ = fsdp_run
+    dump = runs_root / "killed"
+    args = [
+        *from_seed(seed_checkpoint),
+        "--training.local_batch_size", "2",
+        "--training.steps", str(STEPS_LONG),
+        "--checkpoint.interval", "2",
+        "--checkpoint.keep_latest_k", "2",
+    ]  # fmt: skip
+    train_until(dump, args, nproc=2, marker="step:  5")
+    folder = dump / "checkpoint"
+    assert [c.step for c in list_checkpoint_dirs(str(folder)) if c.complete] == [2, 4]
+    torn = _fabricate_torn(folder, source_step=4, torn_step=5)
+
+    output = train(dump, [*args, "--metrics.save_tb_folder", "tb_resumed"], nproc=2)
+    assert f"Loading the checkpoint from {folder / 'step-4'}" in output
+    assert "Ignoring incomplete checkpoint folders" in output
+    assert "Training starts at step 5" in output
+
+    for tag in (LOSS, "grad_norm", "lr"):
+        resumed = scalars(dump, tag, tb_folder="tb_resumed")
+        reference = scalars(reference_dump, tag)
+        assert sorted(resumed) == [5, 6], resumed
+        for step in (5, 6):
+            assert resumed[step] == reference[step], (
+                f"{tag} at step {step}: {resumed[step]} != {reference[step]}"
+            )
+
+    # keep_latest_k = 2 counts complete checkpoints only and deletes torn folders (the reference run
+    # saved asynchronously: its markers were written when the background saves finished).
+    assert not torn.exists()
+    assert [(c.step, c.complete) for c in list_checkpoint_dirs(str(folder))] == [(4, True), (6, True)]
+    reference_dirs = list_checkpoint_dirs(str(reference_dump / "checkpoint"))
+    assert [(c.step, c.complete) for c in reference_dirs] == [(4, True), (6, True)]
+
+    saved = dcp.FileSystemReader(str(folder / "step-6")).read_metadata().state_dict_metadata
+    for key in (
+        "train_state.step",
+        "train_state.skipped_steps",
+        "train_state.rng_cpu",
+        "lr_scheduler.last_epoch",
+    ):
+        assert key in saved, key
+    assert any(k.startswith("dataloader.") for k in saved) and any(k.startswith("optimizer.") for k in saved)
+
+    # Exported final weights are identical (and a complete safetensors file of every model weight).
+    mine = load_file(Path(export(str(folder), str(DEBUG_CONFIG), str(tmp_path / "a"))) / "model.safetensors")
+    ref_out = export(str(reference_dump / "checkpoint"), str(DEBUG_CONFIG), str(tmp_path / "b"))
+    theirs = load_file(Path(ref_out) / "model.safetensors")
+    assert mine.keys() == theirs.keys() and "tok_embeddings.weight" in mine
+    for name, tensor in mine.items():
+        assert tensor.equal(theirs[name]), name

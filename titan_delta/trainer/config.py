@@ -1,0 +1,76 @@
+"""titan-delta's config sections, merged into torchtitan's JobConfig via ``--job.custom_config_module``.
+
+torchtitan merges this module's ``JobConfig`` field by field: a section present in both (``optimizer``,
+``metrics``, ``checkpoint``, ...) gains our keys and our defaults; new sections (``nan_policy``,
+``data``) are added. ``python -m titan_delta.train`` selects this module automatically.
+"""
+
+# No ``from __future__ import annotations`` here: torchtitan merges sections by checking that each
+# field's *type object* is a dataclass, and postponed (string) annotations would defeat that check.
+from dataclasses import dataclass, field
+
+from titan_delta.data.config import DataConfig
+
+CUSTOM_CONFIG_MODULE = "titan_delta.trainer.config"
+
+# Parameter names (substrings of the FQN) that never get weight decay, besides every parameter with
+# fewer than two dims: decaying gates, decay rates or norm scales toward zero changes what the layer
+# computes rather than regularising it.
+DEFAULT_NO_WEIGHT_DECAY = ["A_log", "dt_bias", "bias", "norm"]
+
+
+@dataclass
+class Job:
+    custom_config_module: str = CUSTOM_CONFIG_MODULE
+    """Module whose JobConfig extends torchtitan's (set automatically by python -m titan_delta.train)"""
+
+
+@dataclass
+class Model:
+    name: str = "deltaformer"
+    """Model family: deltaformer, gated_deltaproduct, deltaformer_swa, gated_deltaproduct_swa, transformer"""
+
+    flavor: str = "debug"
+    """Size within the family: debug, 340M, 1.3B"""
+
+    hf_assets_path: str = "."
+    """Unused by titan-delta (the tokenizer comes from [data]); torchtitan only checks that it exists"""
+
+
+@dataclass
+class Optimizer:
+    no_weight_decay: list[str] = field(default_factory=lambda: list(DEFAULT_NO_WEIGHT_DECAY))
+    """Parameters whose name contains one of these get no weight decay (besides all 0-/1-dim ones)"""
+
+    decay_1d_params: bool = False
+    """Apply weight decay to 0-/1-dim parameters too (biases, norm scales, A_log, dt_bias)"""
+
+
+@dataclass
+class Metrics:
+    peak_tflops: float = 0.0
+    """Dense bf16 peak of one device in TFLOP/s for MFU; 0 = torchtitan's table for known GPUs"""
+
+
+@dataclass
+class Checkpoint:
+    last_save_model_only: bool = False
+    """Save only the model at the last step (True makes the final checkpoint unable to resume)"""
+
+
+@dataclass
+class NanPolicy:
+    max_skipped_steps: int = 10
+    """Steps with a NaN/Inf gradient norm are skipped (no update); once more than this many were
+    skipped in the run, training stops with an error naming the step. 0 = stop at the first one."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    metrics: Metrics = field(default_factory=Metrics)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    nan_policy: NanPolicy = field(default_factory=NanPolicy)
+    data: DataConfig = field(default_factory=DataConfig)

@@ -1,0 +1,52 @@
+"""NaN/Inf policy: skip an update whose gradient norm is not finite, up to a limit, then stop.
+
+The decision uses the *global* gradient norm (already reduced over every data-parallel rank), so all
+ranks skip or stop together without an extra collective. A NaN/Inf loss on any rank makes that rank's
+gradients, and so the global norm, non-finite. A skipped step still consumes its batch and advances
+the LR schedule: the run stays aligned with its step count and its data order.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchtitan.tools.logging import logger
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training stopped because too many steps had a NaN/Inf gradient norm."""
+
+
+class NonFinitePolicy:
+    """Counts skipped steps; ``should_skip`` returns True to skip or raises once over the limit."""
+
+    def __init__(self, max_skipped_steps: int) -> None:
+        if max_skipped_steps < 0:
+            raise ValueError(f"[nan_policy] max_skipped_steps = {max_skipped_steps}: expected >= 0")
+        self.max_skipped_steps = max_skipped_steps
+        self.skipped_steps = 0
+        self.last_skipped_step: int | None = None
+
+    def should_skip(self, step: int, grad_norm: float, loss: float | None = None) -> bool:
+        if math.isfinite(grad_norm):
+            return False
+        self.skipped_steps += 1
+        self.last_skipped_step = step
+        loss_text = "" if loss is None else f", local loss {loss}"
+        if self.skipped_steps > self.max_skipped_steps:
+            raise NonFiniteTrainingError(
+                f"step {step}: gradient norm is {grad_norm}{loss_text}; {self.skipped_steps} steps with "
+                f"NaN/Inf gradients so far exceed [nan_policy] max_skipped_steps = {self.max_skipped_steps}. "
+                "Stopping: lower the learning rate, check the data, or resume from an earlier checkpoint."
+            )
+        logger.warning(
+            f"step {step}: gradient norm is {grad_norm}{loss_text}; skipping this update "
+            f"({self.skipped_steps}/{self.max_skipped_steps} allowed skips used)"
+        )
+        return True
+
+    def state_dict(self) -> dict[str, int]:
+        return {"skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skipped_steps = int(state.get("skipped_steps", 0))

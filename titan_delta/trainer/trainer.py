@@ -1,0 +1,134 @@
+"""A thin torchtitan Trainer subclass: only what the base class has no hook for.
+
+- The tokenizer's vocabulary reaches the model args: torchtitan 0.2.2 calls
+  ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
+- Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) and the RNG states.
+- ``train_step`` applies the NaN/Inf policy (:mod:`titan_delta.trainer.nonfinite`) and logs the LR and
+  the skipped-step count; otherwise it is the base step (token-normalised loss, grad accumulation,
+  clipping). Varlen metadata (``cu_seqlens``) needs no hook: the base trainer passes every loader key
+  other than ``input`` to the model as a keyword argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.config import JobConfig
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.protocols import train_spec as train_spec_module
+from torchtitan.train import Trainer
+
+from titan_delta.trainer.checkpoint import MarkedCheckpointManager
+from titan_delta.trainer.nonfinite import NonFinitePolicy
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+class TitanDeltaTrainer(Trainer):
+    def __init__(self, job_config: JobConfig) -> None:
+        self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
+        spec = train_spec_module.get_train_spec(job_config.model.name)
+        if spec.build_tokenizer_fn is not None:
+            tokenizer = spec.build_tokenizer_fn(job_config)
+            spec.model_args[job_config.model.flavor].update_from_config(job_config, tokenizer=tokenizer)
+        super().__init__(job_config)
+        self._use_marked_checkpoints()
+
+    def _use_marked_checkpoints(self) -> None:
+        self.checkpointer.close()
+        self.checkpointer = MarkedCheckpointManager(
+            dataloader=self.dataloader,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            states={"train_state": self},
+            checkpoint_config=self.job_config.checkpoint,
+            sd_adapter=None,
+            base_folder=self.job_config.job.dump_folder,
+        )
+
+    def _global_valid_tokens(self, local_valid_tokens: torch.Tensor) -> torch.Tensor | float:
+        local_valid_tokens = local_valid_tokens.to(self.device)
+        if self.parallel_dims.dp_enabled:
+            return dist_utils.dist_sum(local_valid_tokens, self.parallel_dims.get_mesh("batch"))
+        return local_valid_tokens.float()
+
+    def train_step(self, data_iterator: Iterator[Batch]) -> None:
+        self.optimizers.zero_grad()
+        lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+        microbatches = [next(data_iterator) for _ in range(self.gradient_accumulation_steps)]
+        local_valid_tokens = sum(
+            ((labels != IGNORE_INDEX).sum() for _, labels in microbatches), torch.tensor(0)
+        )
+        global_valid_tokens = self._global_valid_tokens(local_valid_tokens)
+
+        losses = []
+        for input_dict, labels in microbatches:
+            on_device = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()
+            }
+            loss = self.forward_backward_step(
+                input_dict=on_device, labels=labels.to(self.device), global_valid_tokens=global_valid_tokens
+            )
+            losses.append(loss.detach())
+
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.job_config.training.max_norm,
+            foreach=True,
+        )
+        grad_norm_value = grad_norm.item()  # one host sync per step: the skip decision needs it
+        loss = torch.sum(torch.stack(losses))
+        self.checkpointer.maybe_wait_for_staging()
+        local_loss = None if math.isfinite(grad_norm_value) else loss.item()
+        if self.nonfinite.should_skip(self.step, grad_norm_value, local_loss):
+            self.optimizers.zero_grad()
+        else:
+            self.optimizers.step()
+        self.lr_schedulers.step()
+
+        if self.metrics_processor.should_log(self.step):
+            self._log(loss, local_valid_tokens, global_valid_tokens, grad_norm_value, lr)
+
+    def _log(
+        self,
+        loss: torch.Tensor,
+        local_valid_tokens: torch.Tensor,
+        global_valid_tokens: torch.Tensor | float,
+        grad_norm: float,
+        lr: float,
+    ) -> None:
+        """``loss`` is this rank's loss sum / global valid tokens, so the global mean is its sum."""
+        if self.parallel_dims.dp_enabled:
+            mesh = self.parallel_dims.get_optional_mesh("loss")
+            local_mean = loss * global_valid_tokens / local_valid_tokens.to(self.device)
+            avg_loss = dist_utils.dist_sum(loss, mesh)
+            max_loss = dist_utils.dist_max(local_mean, mesh)
+            tokens_seen = dist_utils.dist_sum(
+                torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device), mesh
+            )
+        else:
+            avg_loss = max_loss = loss.item()
+            tokens_seen = self.ntokens_seen
+        extra = {"n_tokens_seen": tokens_seen, "lr": lr, "skipped_steps": self.nonfinite.skipped_steps}
+        self.metrics_processor.log(self.step, avg_loss, max_loss, grad_norm, extra_metrics=extra)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Step counters, skipped steps and the RNG states (torchtitan saves no RNG): all SPMD ranks share
+        one seed, so DCP's de-duplicated copy of rank 0's state is every rank's state."""
+        state = {**super().state_dict(), **self.nonfinite.state_dict(), "rng_cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.nonfinite.load_state_dict(state_dict)
+        if "rng_cpu" in state_dict:
+            torch.set_rng_state(state_dict["rng_cpu"].cpu())
+        if "rng_cuda" in state_dict and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state_dict["rng_cuda"].cpu(), self.device)

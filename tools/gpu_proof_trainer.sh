@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU proof of the trainer (issue #4). From the repo root on the GPU machine:
+#
+#   source tools/gpu_env.sh && tools/gpu_proof_trainer.sh
+#
+# 1. Trains every 340M config for STEPS steps on one GPU with torch.compile (inductor) and full
+#    activation checkpointing, on the embedded corpus (the GPU machine has no network), and prints one
+#    Markdown row per model: tokens/s per GPU, TFLOP/s and MFU from the models' real FLOPs, peak memory,
+#    last loss. Throughput is averaged over the log lines after the first WARMUP_LOGS (compilation).
+# 2. If MULTI_GPU > 1 (and that many GPUs exist): the same run of MULTI_FAMILY under FSDP on MULTI_GPU
+#    GPUs, printed next to its 1-GPU row (tokens/s per GPU, scaling efficiency).
+#
+# Environment: STEPS (200), LOCAL_BATCH (8 sequences of 2048), FAMILIES (all five), LOG_FREQ (10),
+# WARMUP_LOGS (2), AC (full), MULTI_GPU (0 = skip), MULTI_FAMILY (deltaformer), OUT (outputs/gpu_proof_trainer).
+# Logs of every run stay in $OUT/<run>/train.log.
+set -uo pipefail
+
+STEPS="${STEPS:-200}"
+LOCAL_BATCH="${LOCAL_BATCH:-8}"
+FAMILIES="${FAMILIES:-transformer deltaformer gated_deltaproduct deltaformer_swa gated_deltaproduct_swa}"
+LOG_FREQ="${LOG_FREQ:-10}"
+WARMUP_LOGS="${WARMUP_LOGS:-2}"
+AC="${AC:-full}"
+MULTI_GPU="${MULTI_GPU:-0}"
+MULTI_FAMILY="${MULTI_FAMILY:-deltaformer}"
+OUT="${OUT:-outputs/gpu_proof_trainer}"
+mkdir -p "$OUT"
+
+overrides() {  # $1 = run folder
+  echo --job.dump_folder "$1" --training.steps "$STEPS" --training.local_batch_size "$LOCAL_BATCH" \
+    --training.global_batch_size -1 --lr_scheduler.warmup_steps 20 --checkpoint.no-enable \
+    --compile.enable --activation_checkpoint.mode "$AC" --metrics.log_freq "$LOG_FREQ" \
+    --metrics.disable_color_printing --data.sources default --data.num_workers 2
+}
+
+# Averages of the metric lines after warmup: "tps tflops mfu mem_gib last_loss", or "FAILED".
+summarize() {  # $1 = log file
+  python3 - "$1" "$WARMUP_LOGS" <<'PY'
+import re, sys
+lines = [l for l in open(sys.argv[1], errors="replace") if re.search(r"step:\s*\d+\s+loss:", l)]
+rows = []
+for line in lines:
+    m = re.search(r"loss:\s*([\d.naif]+).*memory:\s*([\d.]+)GiB.*tps:\s*([\d,]+).*tflops:\s*([\d.,]+).*mfu:\s*([\d.na]+)%", line)
+    if m:
+        rows.append((float(m[1]), float(m[2]), float(m[3].replace(",", "")), float(m[4].replace(",", "")), float(m[5])))
+kept = rows[int(sys.argv[2]):]
+if not kept:
+    print("FAILED")
+else:
+    mean = lambda i: sum(r[i] for r in kept) / len(kept)
+    print(f"{mean(2):.0f} {mean(3):.1f} {mean(4):.1f} {max(r[1] for r in rows):.1f} {rows[-1][0]:.4f}")
+PY
+}
+
+run() {  # $1 = family, $2 = number of GPUs, $3 = run name
+  local dir="$OUT/$3"
+  mkdir -p "$dir"
+  # shellcheck disable=SC2046
+  NGPU="$2" CONFIG="train_configs/$1_340M.toml" LOG_RANK=0 \
+    launch/run_single_node.sh $(overrides "$dir") >"$dir/train.log" 2>&1
+  echo "exit code $?" >>"$dir/train.log"
+  summarize "$dir/train.log"
+}
+
+echo "gpu_proof_trainer: $STEPS steps, local batch $LOCAL_BATCH x 2048 tokens, compile + AC=$AC, $(date -u +%FT%TZ)"
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0), torch.cuda.device_count(), 'GPU(s)')"
+echo
+echo "| model (340M) | GPUs | tokens/s per GPU | TFLOP/s per GPU | MFU % | peak memory GiB | loss at step $STEPS |"
+echo "|---|---|---|---|---|---|---|"
+declare -A ONE_GPU_TPS
+for family in $FAMILIES; do
+  result="$(run "$family" 1 "${family}_1gpu")"
+  if [[ "$result" == FAILED ]]; then
+    echo "| $family | 1 | FAILED (see $OUT/${family}_1gpu/train.log) | | | | |"
+    continue
+  fi
+  read -r tps tflops mfu mem loss <<<"$result"
+  ONE_GPU_TPS[$family]="$tps"
+  echo "| $family | 1 | $tps | $tflops | $mfu | $mem | $loss |"
+done
+
+if [[ "$MULTI_GPU" -gt 1 ]]; then
+  available="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
+  if [[ "$available" -lt "$MULTI_GPU" ]]; then
+    echo "MULTI_GPU=$MULTI_GPU but only $available GPU(s): skipping the FSDP run"
+    exit 0
+  fi
+  result="$(run "$MULTI_FAMILY" "$MULTI_GPU" "${MULTI_FAMILY}_fsdp${MULTI_GPU}")"
+  if [[ "$result" == FAILED ]]; then
+    echo "| $MULTI_FAMILY (FSDP) | $MULTI_GPU | FAILED (see $OUT/${MULTI_FAMILY}_fsdp${MULTI_GPU}/train.log) | | | | |"
+    exit 1
+  fi
+  read -r tps tflops mfu mem loss <<<"$result"
+  echo "| $MULTI_FAMILY (FSDP) | $MULTI_GPU | $tps | $tflops | $mfu | $mem | $loss |"
+  one="${ONE_GPU_TPS[$MULTI_FAMILY]:-}"
+  if [[ -n "$one" ]]; then
+    python3 -c "print(f'FSDP x$MULTI_GPU: {$tps / $one * 100:.1f}% of the 1-GPU tokens/s per GPU')"
+  fi
+fi

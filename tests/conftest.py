@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     # Must be set before triton is first imported: the @triton.jit kernels then run on the CPU.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

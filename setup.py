@@ -14,5 +14,5 @@ kernel_packages = ["titan_delta_kernels"] + [
 setup(
     packages=find_packages(include=["titan_delta", "titan_delta.*"]) + kernel_packages,
     package_dir={"titan_delta_kernels": "kernels"},
-    package_data={"titan_delta": ["assets/*", "assets/**/*"]},
+    package_data={"titan_delta": ["assets/*", "assets/**/*", "eval/tasks/*"]},
 )

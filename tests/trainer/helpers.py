@@ -26,6 +26,7 @@ BASE_ARGS = [
     "--lr_scheduler.warmup_steps", "1",
     "--debug.seed", "7",
     "--data.num_workers", "0",
+    "--eval.no-enable",  # the scheduled evals have their own test (tests/trainer/test_scheduled_eval.py)
 ]  # fmt: skip
 
 

@@ -35,5 +35,8 @@ class DecoderBlock(nn.Module):
         self.mlp.init_weights(self.init_std, self.out_std)
 
     def forward(self, x: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
-        h = x + self.mixer(self.mixer_norm(x), ctx)
+        if ctx.cache is None:
+            h = x + self.mixer(self.mixer_norm(x), ctx)
+        else:
+            h = x + self.mixer(self.mixer_norm(x), ctx, cache=ctx.cache.layer(self.layer_id))
         return h + self.mlp(self.mlp_norm(h))

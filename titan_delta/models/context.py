@@ -38,9 +38,12 @@ class MixerContext:
         them into cos/sin for its own head dim.
     attn_masks: per attention window (None = full causal) the mask object the attention backend consumes
         (a FlexAttention BlockMask, a dense bool mask, or None for plain causal SDPA).
+    cache: decoding state (see ``titan_delta.models.decoding``); each block hands its layer's entry to its
+        mixer. None for training and scoring, which leaves every mixer on its full-sequence path.
     """
 
     cu_seqlens: torch.Tensor | None = None
     seq_pos: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     attn_masks: dict[int | None, Any] = field(default_factory=dict)
+    cache: Any = None  # a titan_delta.models.cache.ModelCache during incremental decoding, else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torchtitan.protocols.model import ModelProtocol
@@ -13,6 +15,9 @@ from titan_delta.models.context import MixerContext, document_ids, positions_in_
 from titan_delta.models.mixers.attention import SoftmaxAttention
 from titan_delta.models.mixers.attention_masks import build_attention_masks
 
+if TYPE_CHECKING:
+    from titan_delta.models.cache import ModelCache
+
 
 class TitanDeltaLM(ModelProtocol):
     """``model(tokens, cu_seqlens=None, position_ids=None) -> logits [B, T, vocab]``.
@@ -20,6 +25,9 @@ class TitanDeltaLM(ModelProtocol):
     With ``cu_seqlens`` (offsets into the flattened B·T stream, every row start a boundary) all mixers run
     on the packed [1, B·T] view and no token sees another document; RoPE positions restart at each
     document unless ``position_ids`` [B, T] are given.
+
+    With ``cache`` (a ``titan_delta.models.cache.ModelCache``) the call continues the sequences the cache
+    has seen: positions start at ``cache.seen`` and every mixer reads and extends its layer's state.
     """
 
     def __init__(self, model_args: ModelArgs) -> None:
@@ -63,6 +71,7 @@ class TitanDeltaLM(ModelProtocol):
         tokens: torch.Tensor,
         cu_seqlens: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cache: ModelCache | None = None,
     ) -> torch.Tensor:
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape [B, T], got {tuple(tokens.shape)}")
@@ -78,6 +87,8 @@ class TitanDeltaLM(ModelProtocol):
                 f"cu_seqlens must be a 1-D int32/int64 tensor of offsets into the B·T stream, got "
                 f"dtype {cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}"
             )
+        if cache is not None and cu_seqlens is not None:
+            raise ValueError("cu_seqlens cannot be combined with cache: decoding keeps one sequence per row")
         h = self.tok_embeddings(tokens)
         seq_pos = doc_ids = None
         if cu_seqlens is not None:
@@ -88,16 +99,24 @@ class TitanDeltaLM(ModelProtocol):
             positions = position_ids.reshape(h.shape[0], h.shape[1])
         elif seq_pos is not None:
             positions = seq_pos
+        elif cache is not None:
+            start = cache.seen
+            positions = torch.arange(start, start + T, device=tokens.device).unsqueeze(0).expand(B, T)
         else:
             positions = torch.arange(T, device=tokens.device).unsqueeze(0).expand(B, T)
         ctx = MixerContext(
             cu_seqlens=cu_seqlens,
             seq_pos=seq_pos,
             positions=positions,
-            attn_masks=build_attention_masks(
+            attn_masks={}
+            if cache is not None  # each attention cache masks its own keys
+            else build_attention_masks(
                 self.attn_windows, h.shape[1], doc_ids, self.model_args.attn_backend, h.device
             ),
+            cache=cache,
         )
         for block in self.layers.values():
             h = block(h, ctx)
+        if cache is not None:
+            cache.seen += T
         return self.output(self.norm(h)).reshape(B, T, -1)

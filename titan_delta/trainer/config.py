@@ -2,7 +2,7 @@
 
 torchtitan merges this module's ``JobConfig`` field by field: a section present in both (``optimizer``,
 ``metrics``, ``checkpoint``, ...) gains our keys and our defaults; new sections (``nan_policy``,
-``data``) are added. ``python -m titan_delta.train`` selects this module automatically.
+``data``, ``eval``) are added. ``python -m titan_delta.train`` selects this module automatically.
 """
 
 # No ``from __future__ import annotations`` here: torchtitan merges sections by checking that each
@@ -10,6 +10,7 @@ torchtitan merges this module's ``JobConfig`` field by field: a section present 
 from dataclasses import dataclass, field
 
 from titan_delta.data.config import DataConfig
+from titan_delta.eval.config import EvalConfig
 
 CUSTOM_CONFIG_MODULE = "titan_delta.trainer.config"
 
@@ -74,3 +75,4 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     nan_policy: NanPolicy = field(default_factory=NanPolicy)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

@@ -158,6 +158,11 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
         "[validation] enable = true: titan-delta has no validator yet (evaluation runs from exported "
         "checkpoints, see tools/export_checkpoint.py)",
     )
+    if hasattr(job_config, "eval"):
+        try:
+            job_config.eval.validate()
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
     ckpt = job_config.checkpoint
     _require(ckpt.interval >= 1, f"[checkpoint] interval = {ckpt.interval}: expected >= 1")
     _require(

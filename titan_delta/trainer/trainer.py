@@ -3,10 +3,11 @@
 - The tokenizer's vocabulary reaches the model args: torchtitan 0.2.2 calls
   ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
 - Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) and the RNG states.
-- ``train_step`` applies the NaN/Inf policy (:mod:`titan_delta.trainer.nonfinite`) and logs the LR and
-  the skipped-step count; otherwise it is the base step (token-normalised loss, grad accumulation,
-  clipping). Varlen metadata (``cu_seqlens``) needs no hook: the base trainer passes every loader key
-  other than ``input`` to the model as a keyword argument.
+- ``train_step`` applies the NaN/Inf policy (:mod:`titan_delta.trainer.nonfinite`), logs the LR and
+  the skipped-step count, and runs the scheduled lm-eval tasks (:mod:`titan_delta.eval.scheduled`);
+  otherwise it is the base step (token-normalised loss, grad accumulation, clipping). Varlen metadata
+  (``cu_seqlens``) needs no hook: the base trainer passes every loader key other than ``input`` to the
+  model as a keyword argument.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.protocols import train_spec as train_spec_module
 from torchtitan.train import Trainer
 
+from titan_delta.eval.scheduled import ScheduledEvaluator
 from titan_delta.trainer.checkpoint import MarkedCheckpointManager
 from titan_delta.trainer.nonfinite import NonFinitePolicy
 
@@ -37,6 +39,13 @@ class TitanDeltaTrainer(Trainer):
             spec.model_args[job_config.model.flavor].update_from_config(job_config, tokenizer=tokenizer)
         super().__init__(job_config)
         self._use_marked_checkpoints()
+        self.evaluator = ScheduledEvaluator(
+            job_config.eval,
+            self.tokenizer,
+            job_config.job.dump_folder,
+            metric_logger=self.metrics_processor.logger,
+            add_bos=job_config.data.add_bos,
+        )
 
     def _use_marked_checkpoints(self) -> None:
         self.checkpointer.close()
@@ -93,6 +102,11 @@ class TitanDeltaTrainer(Trainer):
 
         if self.metrics_processor.should_log(self.step):
             self._log(loss, local_valid_tokens, global_valid_tokens, grad_norm_value, lr)
+        last_step = self.step == self.job_config.training.steps
+        if self.evaluator.due(self.step, last_step):
+            # every rank takes part: the sharded forward is collective
+            tokens_seen = self._global_tokens_seen()
+            self.evaluator.maybe_run(self.step, tokens_seen, self.model_parts[0], last_step=last_step)
 
     def _log(
         self,
@@ -108,14 +122,19 @@ class TitanDeltaTrainer(Trainer):
             local_mean = loss * global_valid_tokens / local_valid_tokens.to(self.device)
             avg_loss = dist_utils.dist_sum(loss, mesh)
             max_loss = dist_utils.dist_max(local_mean, mesh)
-            tokens_seen = dist_utils.dist_sum(
-                torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device), mesh
-            )
         else:
             avg_loss = max_loss = loss.item()
-            tokens_seen = self.ntokens_seen
+        tokens_seen = self._global_tokens_seen()
         extra = {"n_tokens_seen": tokens_seen, "lr": lr, "skipped_steps": self.nonfinite.skipped_steps}
         self.metrics_processor.log(self.step, avg_loss, max_loss, grad_norm, extra_metrics=extra)
+
+    def _global_tokens_seen(self) -> int:
+        """Tokens consumed by all data-parallel ranks so far (``ntokens_seen`` counts this rank's)."""
+        if not self.parallel_dims.dp_enabled:
+            return int(self.ntokens_seen)
+        mesh = self.parallel_dims.get_optional_mesh("loss")
+        local = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
+        return int(dist_utils.dist_sum(local, mesh))
 
     def state_dict(self) -> dict[str, Any]:
         """Step counters, skipped steps and the RNG states (torchtitan saves no RNG): all SPMD ranks share

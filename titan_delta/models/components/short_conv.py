@@ -47,3 +47,15 @@ class ShortCausalConv(nn.Module):
                 shifted = shifted * (seq_pos >= shift).unsqueeze(-1).to(x.dtype)
             out = out + shifted * taps[:, -1 - shift]
         return F.silu(out) if self.activation else out
+
+    def forward_with_history(
+        self, x: torch.Tensor, history: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoding: x [B, T, C] continues a sequence whose last K−1 inputs are ``history`` [B, K−1, C]
+        (None at the start: zeros, exactly the taps ``forward`` reads before t = 0).
+        Returns (y, new history)."""
+        keep = self.kernel_size - 1
+        if history is None:
+            history = x.new_zeros(x.shape[0], keep, x.shape[2])
+        full = torch.cat((history.to(x.dtype), x), dim=1)
+        return self.forward(full)[:, keep:], full[:, full.shape[1] - keep :]

@@ -4,6 +4,7 @@ and optional qk-RMSNorm. The mask (window, documents) comes prebuilt in the Mixe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,8 @@ class SoftmaxAttention(nn.Module):
         c = self.config
         return softmax_attention_flops(c.n_heads, c.head_dim, c.head_dim, seq_len, c.window)
 
-    def forward(self, x: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: MixerContext, cache: Any = None) -> torch.Tensor:
+        """``cache``: this layer's ``AttentionCache`` when decoding incrementally, else None."""
         B, T, _ = x.shape
         c = self.config
         q = self.wq(x).view(B, T, c.n_heads, c.head_dim)
@@ -70,6 +72,9 @@ class SoftmaxAttention(nn.Module):
             cos, sin = self.rope(ctx.positions)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        if cache is not None:
+            o = cache.attend(q, k, v)
+            return self.wo(o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
         mask = ctx.attn_masks.get(self.window)
         gqa = c.n_kv_heads != c.n_heads
         if isinstance(mask, BlockMask):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,7 +69,8 @@ class DeltaFormerAttention(nn.Module):
         c = self.config
         return deltaformer_flops(c.n_heads, c.head_dim, c.head_dim, seq_len)
 
-    def forward(self, x: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: MixerContext, cache: Any = None) -> torch.Tensor:
+        """``cache``: this layer's ``DeltaFormerCache`` (K+U) when decoding incrementally, else None."""
         B, T, _ = x.shape
         c = self.config
         q = self.wq(x).view(B, T, c.n_heads, c.head_dim)
@@ -83,6 +85,9 @@ class DeltaFormerAttention(nn.Module):
             group = c.n_heads // c.n_kv_heads
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         beta = torch.sigmoid(self.w_beta(x)).to(q.dtype) if self.w_beta is not None else None
+        if cache is not None:
+            o = cache.attend(q, k, v, beta, w=k if c.probe == "k" else None, kernel=c.kernel)
+            return self.wo(o.reshape(B, T, c.n_heads * c.head_dim))
         o = deltaformer_attn(
             q, k, v, beta,
             w=k if c.probe == "k" else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,13 +88,19 @@ class GatedDeltaProduct(nn.Module):
         c = self.config
         return gated_deltaproduct_flops(c.n_heads, c.head_dim, c.head_v_dim, c.num_householder)
 
-    def forward(self, x: torch.Tensor, ctx: MixerContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: MixerContext, cache: Any = None) -> torch.Tensor:
+        """``cache``: this layer's ``GatedDeltaProductCache`` (state + conv history) when decoding."""
         B, T, _ = x.shape
         c = self.config
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
-        q = self.q_conv(self.q_proj(x), ctx.seq_pos).view(B, T, H, K)
-        k = self.k_conv(self.k_proj(x), ctx.seq_pos).view(B, T * n, H, K)  # step j of token t at t·n + j
-        v = self.v_conv(self.v_proj(x), ctx.seq_pos).view(B, T * n, H, V)
+        if cache is None:
+            q = self.q_conv(self.q_proj(x), ctx.seq_pos).view(B, T, H, K)
+            k = self.k_conv(self.k_proj(x), ctx.seq_pos).view(B, T * n, H, K)  # step j of token t at t·n + j
+            v = self.v_conv(self.v_proj(x), ctx.seq_pos).view(B, T * n, H, V)
+        else:
+            q = cache.convolve("q", self.q_conv, self.q_proj(x)).view(B, T, H, K)
+            k = cache.convolve("k", self.k_conv, self.k_proj(x)).view(B, T * n, H, K)
+            v = cache.convolve("v", self.v_conv, self.v_proj(x)).view(B, T * n, H, V)
         # autocast runs normalize in fp32; the op wants q, k and v in one dtype
         q, k = F.normalize(q, p=2.0, dim=-1).to(v.dtype), F.normalize(k, p=2.0, dim=-1).to(v.dtype)
         beta = torch.sigmoid(self.b_proj(x)).view(B, T * n, H)
@@ -103,8 +110,11 @@ class GatedDeltaProduct(nn.Module):
         g = -self.A_log.to(gate_dtype).exp() * F.softplus(
             self.a_proj(x).to(gate_dtype) + self.dt_bias.to(gate_dtype)
         )
-        o, _ = gated_delta_product(
-            q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
-        )
+        if cache is None:
+            o, _ = gated_delta_product(
+                q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
+            )
+        else:
+            o = cache.recur(q, k, v, g, beta, num_householder=n, backend=c.backend)
         o = self.o_norm(o, self.g_proj(x).view(B, T, H, V))
         return self.o_proj(o.reshape(B, T, H * V))

@@ -12,7 +12,8 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from titan_delta.models.components.norms import RMSNorm
-from titan_delta.models.components.rope import RotaryEmbedding, apply_rotary
+from titan_delta.models.components.qkv import project_qkv
+from titan_delta.models.components.rope import RotaryEmbedding
 from titan_delta.models.context import MixerContext
 from titan_delta.models.flops import softmax_attention_flops
 from titan_delta.models.mixers.attention_masks import flex_attention_fn
@@ -63,14 +64,11 @@ class SoftmaxAttention(nn.Module):
         """``cache``: this layer's ``AttentionCache`` when decoding incrementally, else None."""
         B, T, _ = x.shape
         c = self.config
-        q = self.wq(x).view(B, T, c.n_heads, c.head_dim)
-        k = self.wk(x).view(B, T, c.n_kv_heads, c.head_dim)
-        v = self.wv(x).view(B, T, c.n_kv_heads, c.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope is not None and ctx.positions is not None:
-            cos, sin = self.rope(ctx.positions)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = project_qkv(
+            x, ctx.positions, wq=self.wq, wk=self.wk, wv=self.wv,
+            n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+            q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
+        )  # fmt: skip
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if cache is not None:
             o = cache.attend(q, k, v)

@@ -1,0 +1,42 @@
+"""The query/key/value preamble shared by the softmax-attention and DeltaFormer mixers.
+
+Both project to heads, optionally RMS-normalise q and k per head, then rotate them with RoPE at the
+document-relative positions; keeping it in one place keeps the two mixers' conventions identical.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from titan_delta.models.components.rope import RotaryEmbedding, apply_rotary
+
+
+def project_qkv(
+    x: torch.Tensor,
+    positions: torch.Tensor | None,
+    *,
+    wq: nn.Linear,
+    wk: nn.Linear,
+    wv: nn.Linear,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    q_norm: nn.Module | None = None,
+    k_norm: nn.Module | None = None,
+    rope: RotaryEmbedding | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B,T,dim] → q [B,T,n_heads,head_dim], k and v [B,T,n_kv_heads,head_dim].
+
+    qk-norm applies when both norms are given; RoPE when ``rope`` and ``positions`` are (NoPE otherwise).
+    """
+    B, T, _ = x.shape
+    q = wq(x).view(B, T, n_heads, head_dim)
+    k = wk(x).view(B, T, n_kv_heads, head_dim)
+    v = wv(x).view(B, T, n_kv_heads, head_dim)
+    if q_norm is not None and k_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    if rope is not None and positions is not None:
+        cos, sin = rope(positions)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    return q, k, v

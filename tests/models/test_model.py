@@ -28,6 +28,21 @@ def test_debug_flavor_forward_backward(family):
         assert param.grad.abs().sum() > 0, f"{family}: zero gradient for {name}"
 
 
+@pytest.mark.parametrize("family", list(MODEL_FLAVORS))
+def test_every_family_is_causal(family):
+    """Changing the tokens after position t leaves every logit at positions <= t unchanged (fp64); a leak
+    from the future would make the loss drop for the wrong reason."""
+    model = build_model(family, "debug").double()
+    T, cut = 41, 23  # cut inside a chunk, and T not a multiple of any chunk size
+    tokens = torch.randint(0, model.model_args.vocab_size, (2, T))
+    changed = tokens.clone()
+    changed[:, cut + 1 :] = torch.randint(0, model.model_args.vocab_size, (2, T - cut - 1))
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    assert_rel_close(after[:, : cut + 1], before[:, : cut + 1], 1e-12, f"{family}: logits up to the cut")
+    assert rel_rms_error(after[:, cut + 1 :], before[:, cut + 1 :]) > 1e-3  # the change is seen later
+
+
 @pytest.mark.parametrize("pattern", [*[(m,) for m in MIXERS], ("gated_deltaproduct", "swa", "deltaformer")])
 def test_packed_documents_match_documents_run_alone(pattern):
     """Offsets index the flattened B·T stream; the row boundary at T is also a document boundary."""

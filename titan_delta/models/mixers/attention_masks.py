@@ -4,8 +4,9 @@ Two backends:
 - "flex": FlexAttention with a BlockMask, so fully masked blocks (outside the window, other documents) are
   skipped rather than computed and discarded. Block masks are built once per forward per distinct window
   (shared by all layers); without documents they are also cached across steps per (T, window, device).
-- "sdpa": a dense [T, T] boolean mask for ``scaled_dot_product_attention`` (plain ``is_causal`` when
-  there is neither a window nor documents). O(T²) memory; meant for CPU and tests.
+- "sdpa": a dense [T, T] boolean mask for ``scaled_dot_product_attention``. O(T²) memory; meant for CPU
+  and tests.
+With neither a window nor documents, both use SDPA's plain ``is_causal`` path (no mask at all).
 Query t sees key i iff i ≤ t, t − i < window (when set) and both lie in the same document.
 """
 
@@ -19,7 +20,8 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 ATTN_BACKENDS = ("auto", "flex", "sdpa")
 
 _STATIC_BLOCK_MASKS: dict[tuple[int, int | None, str], BlockMask] = {}
-_compiled_flex_attention: Any = None
+# torch.compile only wraps here; nothing is compiled until the first call on a GPU.
+_COMPILED_FLEX_ATTENTION = torch.compile(flex_attention, dynamic=False)
 
 
 def resolve_attn_backend(backend: str, device: torch.device) -> str:
@@ -80,17 +82,19 @@ def build_attention_masks(
     backend: str,
     device: torch.device,
 ) -> dict[int | None, Any]:
-    """One mask per distinct window used by the model's attention layers (None = full causal)."""
+    """One mask per distinct window used by the model's attention layers (None = full causal).
+    Full causal attention without documents needs no mask on any backend: SDPA's causal kernels (flash /
+    cuDNN) are the fastest there, so the Transformer baseline is not slowed by a block mask."""
     builder = flex_block_mask if resolve_attn_backend(backend, device) == "flex" else dense_attention_mask
-    return {window: builder(seq_len, window, doc_ids, device) for window in windows}
+    return {
+        window: None if window is None and doc_ids is None else builder(seq_len, window, doc_ids, device)
+        for window in windows
+    }
 
 
 def flex_attention_fn(device: torch.device):
-    """FlexAttention compiled once per process on GPU (its fast path); eager on CPU, where the unfused
-    implementation is only used to cross-check the dense path in tests."""
-    global _compiled_flex_attention
-    if device.type != "cuda":
-        return flex_attention
-    if _compiled_flex_attention is None:
-        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex_attention
+    """FlexAttention compiled (its fast path) on GPU; eager on CPU, where the unfused implementation is
+    only used to cross-check the dense path in tests. The compiled wrapper is made at import: creating it
+    lazily would mutate module state inside traced code, which activation checkpointing under
+    torch.compile rejects ("HOP: Unsafe side effect")."""
+    return _COMPILED_FLEX_ATTENTION if device.type == "cuda" else flex_attention

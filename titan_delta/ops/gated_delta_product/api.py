@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from titan_delta.ops._checks import check_backend
@@ -20,6 +23,19 @@ def _load_triton_kernel():
 # n_h range it compiles for. Anything else runs the reference rather than an unverified or refused launch.
 AUTO_KERNEL_HEAD_DIMS = (64, 128)
 AUTO_KERNEL_MAX_HOUSEHOLDER = 8
+# Wider value heads (e.g. V = 2K, as in the 340M flavors) run as V / piece kernel launches: every value
+# column of the state evolves independently given k, β and g, so splitting V is exact.
+MAX_VALUE_DIM = 1024
+
+
+def value_piece(v_dim: int) -> int | None:
+    """The value-head slice the kernel runs on: V itself when supported, else 128 or 64 dividing V."""
+    if v_dim in AUTO_KERNEL_HEAD_DIMS:
+        return v_dim
+    for piece in sorted(AUTO_KERNEL_HEAD_DIMS, reverse=True):
+        if v_dim % piece == 0 and v_dim <= MAX_VALUE_DIM:
+            return piece
+    return None
 
 
 def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, num_householder: int) -> bool:
@@ -27,9 +43,36 @@ def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, num_householder: int)
         q.is_cuda
         and q.dtype != torch.float64
         and q.shape[-1] in AUTO_KERNEL_HEAD_DIMS
-        and v.shape[-1] in AUTO_KERNEL_HEAD_DIMS
+        and value_piece(v.shape[-1]) is not None
         and num_householder <= AUTO_KERNEL_MAX_HOUSEHOLDER
     )
+
+
+def run_in_value_pieces(
+    op: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    piece: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``op`` over slices of ``piece`` value columns, outputs and final states concatenated along V.
+    Autograd sums the slices' gradients for the shared q, k, g and β."""
+    v_dim = v.shape[-1]
+    if v_dim == piece:
+        return op(q, k, v, g, beta, initial_state=initial_state, **kwargs)
+    outputs, states = [], []
+    for start in range(0, v_dim, piece):
+        h0 = None if initial_state is None else initial_state[..., start : start + piece]
+        o, state = op(q, k, v[..., start : start + piece], g, beta, initial_state=h0, **kwargs)
+        outputs.append(o)
+        states.append(state)
+    final = None if states[0] is None else torch.cat(states, dim=-1)
+    return torch.cat(outputs, dim=-1), final
 
 
 def gated_delta_product(
@@ -56,8 +99,9 @@ def gated_delta_product(
     Returns o [B,T,H,V] in q's dtype and the final state [N,H,K,V] (fp32; fp64 for fp64 inputs) or None.
 
     ``backend``: "torch" runs the chunked PyTorch reference; "triton" the Triton kernel (error if it cannot
-    be imported); "auto" the kernel for non-fp64 CUDA tensors with K, V in {64, 128} and n_h <= 8 when it
-    imports, else the reference.
+    be imported); "auto" the kernel for non-fp64 CUDA tensors with K in {64, 128}, V in {64, 128} or a
+    multiple of 64 up to 1024 (run as 128- or 64-wide value slices) and n_h <= 8 when it imports, else the
+    reference.
     """
     check_backend(backend)
     dims = validate_gated_delta_product_args(
@@ -93,5 +137,6 @@ def gated_delta_product(
         cu_seqlens=cu_seqlens,
     )
     if kernel is not None:
-        return kernel(q, k, v, g, beta, **kwargs)
+        piece = value_piece(v.shape[-1]) if q.is_cuda else None
+        return run_in_value_pieces(kernel, piece or v.shape[-1], q, k, v, g, beta, **kwargs)
     return gated_delta_product_chunked(q, k, v, g, beta, **kwargs)

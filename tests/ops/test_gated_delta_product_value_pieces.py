@@ -1,0 +1,59 @@
+"""Wide value heads run as slices of value columns (exact: each column of the state evolves on its own)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titan_delta.ops.gated_delta_product import api
+from titan_delta.ops.gated_delta_product.reference import gated_delta_product_chunked
+from titan_delta.testing import assert_rel_close
+
+from .test_gated_delta_product_reference import initial_state_for, make_inputs
+
+
+@pytest.mark.parametrize(("v_dim", "expected"), [(64, 64), (128, 128), (256, 128), (192, 64), (96, None)])
+def test_value_piece(v_dim: int, expected: int | None) -> None:
+    assert api.value_piece(v_dim) == expected
+
+
+@pytest.mark.parametrize("n_h", [1, 3])
+def test_value_pieces_equal_one_call_with_gradients(n_h: int) -> None:
+    x = make_inputs(B=2, T=9, H=2, K=8, V=24, n_h=n_h)
+    h0 = initial_state_for(x)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in {**x, "h0": h0}.items()}
+    o_weight = torch.randn(2, 9, 2, 24, dtype=torch.float64)  # a random linear loss of o and the state
+    s_weight = torch.randn_like(h0)
+
+    def run(piece: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        args = {n: leaves[n] for n in ("q", "k", "v", "g", "beta")}
+        o, state = api.run_in_value_pieces(
+            gated_delta_product_chunked, piece, **args, initial_state=leaves["h0"],
+            num_householder=n_h, scale=0.3, output_final_state=True, cu_seqlens=None,
+        )  # fmt: skip
+        loss = (o * o_weight).sum() + (state * s_weight).sum()
+        return o, state, dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
+
+    o_one, s_one, g_one = run(24)
+    o_cut, s_cut, g_cut = run(8)
+    assert_rel_close(o_cut, o_one, 1e-12, "o")
+    assert_rel_close(s_cut, s_one, 1e-12, "final state")
+    for name in g_one:
+        assert_rel_close(g_cut[name], g_one[name], 1e-12, f"d{name}")
+
+
+def test_auto_sends_wide_values_to_the_kernel_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, V = 256 reaches the kernel as two 128-wide calls; without CUDA "auto" keeps the reference."""
+    widths = []
+
+    def fake_kernel(q, k, v, g, beta, **kwargs):
+        widths.append(v.shape[-1])
+        return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype), None
+
+    monkeypatch.setattr(api, "_load_triton_kernel", lambda: fake_kernel)
+    x = make_inputs(B=1, T=2, H=1, K=128, V=256, n_h=2, dtype=torch.float32)
+    o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
+    assert widths == [] and o.shape[-1] == 256
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
+    assert widths == [128, 128] and o.shape[-1] == 256

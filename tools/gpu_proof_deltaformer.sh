@@ -10,6 +10,7 @@ if [ -f tools/gpu_env.sh ]; then
   source tools/gpu_env.sh
 fi
 log_dir="${OUT:-$(mktemp -d)}"
+mkdir -p "$log_dir"
 # a fresh inductor cache: a warm machine's cache can hold graphs traced against an older op schema
 TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)"
 export TORCHINDUCTOR_CACHE_DIR

@@ -10,14 +10,14 @@
 # 2. If MULTI_GPU > 1 (and that many GPUs exist): the same run of MULTI_FAMILY under FSDP on MULTI_GPU
 #    GPUs, printed next to its 1-GPU row (tokens/s per GPU, scaling efficiency).
 #
-# Environment: STEPS (200), LOCAL_BATCH (8 sequences of 2048), FAMILIES (all five), LOG_FREQ (10),
+# Environment: STEPS (200), LOCAL_BATCH (8 sequences of 2048), FAMILIES (all five when unset; empty = none), LOG_FREQ (10),
 # WARMUP_LOGS (2), AC (full), MULTI_GPU (0 = skip), MULTI_FAMILY (deltaformer), OUT (outputs/gpu_proof_trainer).
 # Logs of every run stay in $OUT/<run>/train.log.
 set -uo pipefail
 
 STEPS="${STEPS:-200}"
 LOCAL_BATCH="${LOCAL_BATCH:-8}"
-FAMILIES="${FAMILIES:-transformer deltaformer gated_deltaproduct deltaformer_swa gated_deltaproduct_swa}"
+FAMILIES="${FAMILIES-transformer deltaformer gated_deltaproduct deltaformer_swa gated_deltaproduct_swa}"
 LOG_FREQ="${LOG_FREQ:-10}"
 WARMUP_LOGS="${WARMUP_LOGS:-2}"
 AC="${AC:-full}"

@@ -4,6 +4,7 @@ and the exported final weights are identical."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -82,3 +83,7 @@ def test_kill_and_resume_matches_uninterrupted(runs_root, seed_checkpoint, fsdp_
     assert mine.keys() == theirs.keys() and "tok_embeddings.weight" in mine
     for name, tensor in mine.items():
         assert tensor.equal(theirs[name]), name
+    # config.json carries what evaluation needs to frame documents as training did
+    described = json.loads((Path(ref_out) / "config.json").read_text())
+    assert described["tokenizer"] == "default" and described["add_bos"] is False
+    assert described["tokenizer_pattern"] == "" and described["model_name"] == "deltaformer"

@@ -12,20 +12,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from titan_delta.data.tokenizer import TiktokenTokenizer, load_tokenizer
-from titan_delta.models import MODEL_FLAVORS, ModelArgs, TitanDeltaLM
+from titan_delta.models import ModelArgs, TitanDeltaLM
+from titan_delta.trainer.dcp_model import (
+    CheckpointError,
+    load_model,
+    model_args_for,
+    read_training_config,
+    resolve_step_dir,
+    step_number,
+)
 
 EXPORTED_FILES = ("config.json", "model.safetensors")
-
-
-class CheckpointError(ValueError):
-    """The checkpoint (or its config) cannot be used; the message names the path or field."""
 
 
 @dataclass
@@ -68,80 +71,20 @@ def load_exported(folder: str) -> LoadedCheckpoint:
             f"{folder}/model.safetensors does not match config.json: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
-    tokenizer = load_tokenizer(str(config.get("tokenizer", "default")))
+    pattern = str(config.get("tokenizer_pattern", ""))
+    tokenizer = load_tokenizer(str(config.get("tokenizer", "default")), pattern)
     return LoadedCheckpoint(model, tokenizer, bool(config.get("add_bos", False)), config.get("step"), folder)
 
 
-def resolve_dcp_step(path: str, step: int | None) -> str:
-    """The ``step-N`` folder to read, refusing incomplete ones."""
-    from titan_delta.trainer.checkpoint import is_complete, latest_complete_step
-
-    if os.path.isfile(os.path.join(path, ".metadata")):
-        return path
-    if os.path.isdir(os.path.join(path, "checkpoint")) and not any(
-        name.startswith("step-") for name in os.listdir(path)
-    ):
-        path = os.path.join(path, "checkpoint")  # a training dump folder
-    if step is None:
-        step = latest_complete_step(path)
-        if step < 0:
-            raise CheckpointError(f"--checkpoint {path}: no complete step-N folder inside")
-    step_dir = os.path.join(path, f"step-{step}")
-    if not is_complete(step_dir):
-        raise CheckpointError(f"{step_dir}: missing or incomplete (no COMPLETE.json/.metadata)")
-    return step_dir
-
-
 def load_dcp(path: str, config_path: str | None, step: int | None = None) -> LoadedCheckpoint:
-    import torch.distributed.checkpoint as dcp
-
-    if config_path is None:
-        raise CheckpointError(
-            f"--checkpoint {path} is a DCP checkpoint: pass --config (the training TOML) to rebuild the model"
-        )
-    if not os.path.isfile(config_path):
-        raise CheckpointError(f"--config {config_path}: file not found")
-    with open(config_path, "rb") as f:
-        values = tomllib.load(f)
-    step_dir = resolve_dcp_step(path, step)
-    model_section, data = values.get("model", {}), values.get("data", {})
-    family, flavor = model_section.get("name", "deltaformer"), model_section.get("flavor", "debug")
-    if family not in MODEL_FLAVORS or flavor not in MODEL_FLAVORS[family]:
-        raise CheckpointError(f"{config_path}: [model] name={family!r} flavor={flavor!r} is not registered")
-    metadata = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
-    if "tok_embeddings.weight" not in metadata:
-        raise CheckpointError(f"{step_dir}: no tok_embeddings.weight (not a titan-delta model checkpoint?)")
-    args = dataclasses.replace(
-        MODEL_FLAVORS[family][flavor],
-        vocab_size=int(metadata["tok_embeddings.weight"].size[0]),
-        max_seq_len=int(values.get("training", {}).get("seq_len", 2048)),
-    )
-    with torch.device("meta"):
-        model = TitanDeltaLM(args)
-    model.to_empty(device="cpu")
-    state = model.state_dict()
-    missing = sorted(set(state) - set(metadata))
-    if args.enable_weight_tying:  # the head is the embedding; it may be stored once
-        missing = [k for k in missing if k != "output.weight"]
-        state.pop("output.weight", None)
-    if missing:
-        raise CheckpointError(f"{step_dir}: lacks model weights {missing[:5]} (wrong [model] name/flavor?)")
-    wrong = [
-        f"{k} {tuple(metadata[k].size)} vs {tuple(v.shape)}"
-        for k, v in state.items()
-        if tuple(getattr(metadata[k], "size", v.shape)) != tuple(v.shape)
-    ]
-    if wrong:
-        raise CheckpointError(
-            f"{step_dir}: weight shapes differ from {config_path}'s model (checkpoint vs config): {wrong[:3]}"
-        )
-    dcp.load(state, checkpoint_id=step_dir)
-    model.load_state_dict(state, strict=not args.enable_weight_tying)
-    if args.enable_weight_tying:
-        model.output.weight = model.tok_embeddings.weight  # to_empty() untied them
+    """Weights from a complete DCP step folder, the model and tokenizer from the training TOML."""
+    values = read_training_config(config_path, path)
+    step_dir = resolve_step_dir(path, step)
+    model = load_model(step_dir, model_args_for(step_dir, values, str(config_path)), str(config_path))
+    data = values.get("data", {})
     tokenizer = load_tokenizer(str(data.get("tokenizer", "default")), str(data.get("tokenizer_pattern", "")))
-    step_number = int(os.path.basename(step_dir).removeprefix("step-"))
-    return LoadedCheckpoint(model, tokenizer, bool(data.get("add_bos", False)), step_number, step_dir)
+    add_bos = bool(data.get("add_bos", False))
+    return LoadedCheckpoint(model, tokenizer, add_bos, step_number(step_dir), step_dir)
 
 
 def load_checkpoint(path: str, config_path: str | None = None, step: int | None = None) -> LoadedCheckpoint:

@@ -11,11 +11,23 @@ from titan_delta.state_tracking.config import load_config, parse_override
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "train_configs" / "state_tracking"
 
 
-@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.toml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted(CONFIG_DIR.rglob("*.toml")), ids=lambda p: str(p.relative_to(CONFIG_DIR).with_suffix(""))
+)
 def test_shipped_configs_load(path: Path) -> None:
     config = load_config(path)
-    assert config.output.json.endswith(f"{path.stem}.json")
+    assert config.output.json.endswith(f"{path.relative_to(CONFIG_DIR).with_suffix('.json')}")
     assert config.curriculum.final_length in config.eval_lengths()
+
+
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "paper").glob("*.toml")), ids=lambda p: p.stem)
+def test_paper_configs_say_which_values_are_assumed(path: Path) -> None:
+    """Each paper-scale config names its paper and figure and marks what is assumed; it runs several seeds
+    and has a reduced CPU sibling of the same name."""
+    header = path.read_text().split("[task]")[0]
+    assert "paper" in header and "Fig." in header and "ASSUMED" in header
+    assert len(load_config(path).training.run_seeds()) > 1
+    assert (CONFIG_DIR / path.name).is_file()
 
 
 def test_overrides_parse_as_toml_literals() -> None:

@@ -84,6 +84,7 @@ class ModelArgs(BaseModelArgs):
     head_dim: int | None = None  # None = dim // n_heads
     qk_norm: bool = False
     rope_theta: float = 10000.0
+    attn_rope: bool = True  # softmax attention and SWA: False = NoPE (no rotary embedding at all)
     window_size: int = 512  # SWA: each query attends to its last `window_size` tokens (itself included)
     attn_backend: str = "auto"  # "auto" (flex on CUDA, dense SDPA on CPU) | "flex" | "sdpa"
 
@@ -167,7 +168,11 @@ class ModelArgs(BaseModelArgs):
             raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
         if self.op_backend not in OP_BACKENDS:
             raise ValueError(f"op_backend must be one of {OP_BACKENDS}, got {self.op_backend!r}")
-        uses_rope = bool(mixers & {"attention", "swa"}) or ("deltaformer" in mixers and self.deltaformer_rope)
+        if not isinstance(self.attn_rope, bool):
+            raise ValueError(f"attn_rope must be a bool (True = RoPE, False = NoPE), got {self.attn_rope!r}")
+        uses_rope = (bool(mixers & {"attention", "swa"}) and self.attn_rope) or (
+            "deltaformer" in mixers and self.deltaformer_rope
+        )
         if uses_rope and self.attn_head_dim % 2 != 0:
             raise ValueError(f"head_dim={self.attn_head_dim} must be even for rotary embeddings")
         if self.deltaformer_kernel not in KAPPA_KERNELS:

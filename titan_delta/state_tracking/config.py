@@ -25,6 +25,8 @@ MODEL_DEFAULTS: dict[str, Any] = {
 }
 TASK_SET_FIELDS = ("vocab_size", "max_seq_len")  # chosen from the task, never by the user
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")  # bf16 = autocast to bfloat16 (weights and optimizer stay fp32)
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -35,7 +37,7 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    rope: bool = True  # False = NoPE: every RoPE mixer sees position 0, where the rotation is the identity
+    rope: bool = True  # False = NoPE for every attention-like mixer (attn_rope and deltaformer_rope off)
     args: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))  # ModelArgs fields
 
 
@@ -44,12 +46,20 @@ class TrainingConfig:
     steps: int = 2000  # at most this many optimizer steps
     batch_size: int = 64
     lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (beta1, beta2)
     weight_decay: float = 0.01
-    warmup_steps: int = 100  # linear warmup, then constant LR
+    warmup_steps: int = 100  # linear warmup, then the schedule
+    schedule: str = "constant"  # after warmup: "constant" LR or "cosine" decay to 0 at `steps`
     grad_clip: float = 1.0  # max gradient norm; 0 = off
     seed: int = 0
+    seeds: list[int] = field(default_factory=list)  # several runs, one per seed; [] = just `seed`
     device: str = "auto"  # auto = cuda when available
-    time_limit_s: float = 0.0  # stop training after this many seconds; 0 = no limit
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast)
+    time_limit_s: float = 0.0  # per seed: stop training after this many seconds; 0 = no limit
+
+    def run_seeds(self) -> list[int]:
+        """The seeds to run: ``seeds`` when given, else the single ``seed``."""
+        return list(self.seeds) if self.seeds else [self.seed]
 
 
 @dataclass
@@ -117,6 +127,22 @@ class StateTrackingConfig:
             )
         if t.device not in DEVICES:
             raise ValueError(f"training.device must be one of {DEVICES}, got {t.device!r}")
+        for key, value, allowed in (
+            ("precision", t.precision, PRECISIONS),
+            ("schedule", t.schedule, SCHEDULES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"training.{key} must be one of {allowed}, got {value!r}")
+        numbers = [b for b in t.betas if isinstance(b, int | float) and not isinstance(b, bool)]
+        if len(t.betas) != 2 or len(numbers) != 2 or not all(0.0 <= b < 1.0 for b in numbers):
+            raise ValueError(f"training.betas must be two numbers in [0, 1), got {t.betas}")
+        seeds = t.run_seeds()
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in [t.seed, *seeds]):
+            raise ValueError(
+                f"training.seed and training.seeds must be integers >= 0, got {t.seed}, {t.seeds}"
+            )
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"training.seeds must not repeat a seed, got {t.seeds}")
         if any(not isinstance(n, int) or n < 1 for n in e.lengths):
             raise ValueError(f"eval.lengths must be positive integers, got {e.lengths}")
         allowed = set(task_options(self.task.name))

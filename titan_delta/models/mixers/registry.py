@@ -24,7 +24,7 @@ def _attention(args: ModelArgs, window: int | None) -> SoftmaxAttention:
             head_dim=args.attn_head_dim,
             window=window,
             qk_norm=args.qk_norm,
-            use_rope=True,
+            use_rope=args.attn_rope,
             rope_theta=args.rope_theta,
             norm_eps=args.norm_eps,
         )

@@ -20,6 +20,10 @@ CONFIGS = {
     "gated_deltaproduct_neg3": {
         "mixer": "gated_deltaproduct", "gdp_num_householder": 3, "gdp_allow_neg_eigval": True,
     },
+    "gated_deltaproduct_bare": {  # the DeltaProduct paper's state-tracking variant
+        "mixer": "gated_deltaproduct", "gdp_forget_gate": False, "gdp_short_conv": False,
+        "gdp_output_gate": False,
+    },
     "hybrid": HYBRID,
 }  # fmt: skip
 

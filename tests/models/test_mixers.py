@@ -74,11 +74,18 @@ def _gdp_reference(m: GatedDeltaProduct, x: torch.Tensor) -> torch.Tensor:
     c = m.config
     B, T, _ = x.shape
     n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
-    q = F.normalize(m.q_conv(m.q_proj(x)).view(B, T, H, K), dim=-1)
-    k = F.normalize(m.k_conv(m.k_proj(x)).view(B, T, n, H, K), dim=-1)  # channel order (step, head, dim)
-    v = m.v_conv(m.v_proj(x)).view(B, T, n, H, V)
+    if c.use_short_conv:
+        qp, kp, vp = m.q_conv(m.q_proj(x)), m.k_conv(m.k_proj(x)), m.v_conv(m.v_proj(x))
+    else:
+        qp, kp, vp = F.silu(m.q_proj(x)), F.silu(m.k_proj(x)), F.silu(m.v_proj(x))
+    q = F.normalize(qp.view(B, T, H, K), dim=-1)
+    k = F.normalize(kp.view(B, T, n, H, K), dim=-1)  # channel order (step, head, dim)
+    v = vp.view(B, T, n, H, V)
     beta = torch.sigmoid(m.b_proj(x)).view(B, T, n, H) * (2.0 if c.allow_neg_eigval else 1.0)
-    g = -m.A_log.exp() * F.softplus(m.a_proj(x) + m.dt_bias)  # [B, T, H]
+    if c.use_forget_gate:
+        g = -m.A_log.exp() * F.softplus(m.a_proj(x) + m.dt_bias)  # [B, T, H]
+    else:
+        g = torch.zeros(B, T, H, dtype=x.dtype)  # no decay
     S = torch.zeros(B, H, K, V, dtype=x.dtype)
     out = poison_(torch.empty(B, T, H, V, dtype=x.dtype))
     for t in range(T):
@@ -88,7 +95,7 @@ def _gdp_reference(m: GatedDeltaProduct, x: torch.Tensor) -> torch.Tensor:
             residual = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
             S = S + bj[..., None, None] * torch.einsum("bhk,bhv->bhkv", kj, residual)
         out[:, t] = torch.einsum("bhkv,bhk->bhv", S, q[:, t]) * K**-0.5
-    o = m.o_norm(out, m.g_proj(x).view(B, T, H, V))
+    o = m.o_norm(out, m.g_proj(x).view(B, T, H, V)) if c.use_output_gate else m.o_norm(out)
     return m.o_proj(o.reshape(B, T, H * V))
 
 
@@ -104,3 +111,27 @@ def test_gated_deltaproduct_mixer_matches_recurrence(num_householder, allow_neg_
         m.dt_bias.fill_(math.log(math.expm1(0.5)))
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     assert_rel_close(m(x, MixerContext()), _gdp_reference(m, x), 1e-10, f"gdp n_h={num_householder}")
+
+
+@pytest.mark.parametrize(
+    ("forget_gate", "short_conv", "output_gate"),
+    [(False, True, True), (True, False, True), (True, True, False), (False, False, False)],
+)
+def test_gated_deltaproduct_switches(forget_gate, short_conv, output_gate):
+    """The paper's state-tracking variant (no gate, no convs, no output gate) and each switch alone:
+    still the recurrence, and without the parts it switched off."""
+    config = GatedDeltaProductConfig(
+        dim=16, n_heads=2, head_dim=4, head_v_dim=8, num_householder=2, allow_neg_eigval=True,
+        use_forget_gate=forget_gate, use_short_conv=short_conv, use_output_gate=output_gate, backend="torch",
+    )  # fmt: skip
+    m = GatedDeltaProduct(config).double()
+    m.init_weights(0.3, 0.3)
+    names = {name.split(".")[0] for name, _ in m.named_parameters()}
+    assert ({"a_proj", "A_log", "dt_bias"} <= names) == forget_gate
+    assert ({"q_conv", "k_conv", "v_conv"} <= names) == short_conv
+    assert ("g_proj" in names) == output_gate
+    if forget_gate:
+        with torch.no_grad():
+            m.dt_bias.fill_(math.log(math.expm1(0.5)))
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    assert_rel_close(m(x, MixerContext()), _gdp_reference(m, x), 1e-10, "gdp with switches")

@@ -101,6 +101,9 @@ class ModelArgs(BaseModelArgs):
     gdp_num_householder: int = 2
     gdp_allow_neg_eigval: bool = False
     gdp_conv_size: int = 4
+    gdp_forget_gate: bool = True  # False: no decay (g = None), as the DeltaProduct state-tracking runs
+    gdp_short_conv: bool = True  # False: q, k, v = SiLU(projection)
+    gdp_output_gate: bool = True  # False: plain RMSNorm of each head's output
 
     # MLP, norms, embeddings, init
     ffn_hidden_dim: int | None = None  # None = swiglu_hidden_dim(dim, ffn_hidden_ratio, multiple_of)
@@ -201,6 +204,9 @@ class ModelArgs(BaseModelArgs):
             raise ValueError(f"gdp_num_householder must be >= 1, got {self.gdp_num_householder}")
         if self.gdp_conv_size < 1:
             raise ValueError(f"gdp_conv_size must be >= 1, got {self.gdp_conv_size}")
+        for name in ("gdp_forget_gate", "gdp_short_conv", "gdp_output_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.ffn_dim < 1:
             raise ValueError(f"ffn_hidden_dim must be >= 1, got {self.ffn_dim}")
 

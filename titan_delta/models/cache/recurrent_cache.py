@@ -28,7 +28,7 @@ class GatedDeltaProductCache:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        g: torch.Tensor,
+        g: torch.Tensor | None,
         beta: torch.Tensor,
         num_householder: int,
         backend: str,
@@ -41,8 +41,9 @@ class GatedDeltaProductCache:
             if state is None:
                 dtype = torch.promote_types(q.dtype, torch.float32)
                 state = q.new_zeros(B, H, K, v.shape[-1], dtype=dtype)
+            g_t = None if g is None else g[:, 0]
             o_t, self.state = gated_delta_product_step(
-                q[:, 0], k.view(B, n, H, K), v.view(B, n, H, -1), g[:, 0], beta.view(B, n, H), state
+                q[:, 0], k.view(B, n, H, K), v.view(B, n, H, -1), g_t, beta.view(B, n, H), state
             )
             o = o_t[:, None]
         else:

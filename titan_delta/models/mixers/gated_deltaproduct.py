@@ -1,6 +1,11 @@
 """Gated DeltaProduct mixer (Siems et al.): n_h keys/values/β per token, Mamba2-style forget gate,
 short causal convs, L2-normalised q/k and a gated RMSNorm output, around
-``titan_delta.ops.gated_delta_product``."""
+``titan_delta.ops.gated_delta_product``.
+
+The forget gate, the short convs and the output gate can each be switched off, as the DeltaProduct
+paper's state-tracking runs do: no gate means g = None (pure products of Householder-like steps), no
+convs means q, k, v = SiLU(projection) (the activation the convs end with), no output gate means a plain
+RMSNorm of each head's output."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_delta.models.components.norms import GatedRMSNorm
+from titan_delta.models.components.norms import GatedRMSNorm, RMSNorm
 from titan_delta.models.components.short_conv import ShortCausalConv
 from titan_delta.models.context import MixerContext
 from titan_delta.models.flops import gated_deltaproduct_flops
@@ -28,6 +33,9 @@ class GatedDeltaProductConfig:
     num_householder: int = 2
     allow_neg_eigval: bool = False  # β = 2·sigmoid ∈ (0, 2): Householder steps with negative eigenvalues
     conv_size: int = 4
+    use_forget_gate: bool = True
+    use_short_conv: bool = True
+    use_output_gate: bool = True
     norm_eps: float = 1e-6
     backend: str = "auto"
     # Mamba2 initialisation of the gate: A ~ U[1, 16], dt log-uniform in [dt_min, dt_max]
@@ -51,21 +59,28 @@ class GatedDeltaProduct(nn.Module):
         self.k_proj = nn.Linear(c.dim, n * H * K, bias=False)
         self.v_proj = nn.Linear(c.dim, n * H * V, bias=False)
         self.b_proj = nn.Linear(c.dim, n * H, bias=False)
-        self.a_proj = nn.Linear(c.dim, H, bias=False)
-        self.g_proj = nn.Linear(c.dim, H * V, bias=False)
         self.o_proj = nn.Linear(H * V, c.dim, bias=False)
-        self.q_conv = ShortCausalConv(H * K, c.conv_size)
-        self.k_conv = ShortCausalConv(n * H * K, c.conv_size)
-        self.v_conv = ShortCausalConv(n * H * V, c.conv_size)
-        self.A_log = nn.Parameter(torch.empty(H))
-        self.dt_bias = nn.Parameter(torch.empty(H))
-        self.A_log._no_weight_decay = True  # optimizers may read this flag, as FLA's trainer does
-        self.dt_bias._no_weight_decay = True
-        self.o_norm = GatedRMSNorm(V, c.norm_eps)
+        if c.use_forget_gate:
+            self.a_proj = nn.Linear(c.dim, H, bias=False)
+            self.A_log = nn.Parameter(torch.empty(H))
+            self.dt_bias = nn.Parameter(torch.empty(H))
+            self.A_log._no_weight_decay = True  # optimizers may read this flag, as FLA's trainer does
+            self.dt_bias._no_weight_decay = True
+        if c.use_short_conv:
+            self.q_conv = ShortCausalConv(H * K, c.conv_size)
+            self.k_conv = ShortCausalConv(n * H * K, c.conv_size)
+            self.v_conv = ShortCausalConv(n * H * V, c.conv_size)
+        if c.use_output_gate:
+            self.g_proj = nn.Linear(c.dim, H * V, bias=False)
+            self.o_norm: nn.Module = GatedRMSNorm(V, c.norm_eps)
+        else:
+            self.o_norm = RMSNorm(V, c.norm_eps)
         self._init_gate()
 
     def _init_gate(self) -> None:
         c = self.config
+        if not c.use_forget_gate:
+            return
         with torch.no_grad():
             A = torch.empty_like(self.A_log, dtype=torch.float32).uniform_(*c.a_init_range)
             self.A_log.copy_(torch.log(A))
@@ -76,11 +91,14 @@ class GatedDeltaProduct(nn.Module):
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
 
     def init_weights(self, init_std: float, out_std: float) -> None:
-        for linear in (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj, self.g_proj):
-            nn.init.trunc_normal_(linear.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
+        for name in ("q_proj", "k_proj", "v_proj", "b_proj", "a_proj", "g_proj"):
+            linear = getattr(self, name, None)
+            if linear is not None:
+                nn.init.trunc_normal_(linear.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
         nn.init.trunc_normal_(self.o_proj.weight, std=out_std, a=-3 * out_std, b=3 * out_std)
-        for conv in (self.q_conv, self.k_conv, self.v_conv):
-            conv.reset_parameters()
+        if self.config.use_short_conv:
+            for conv in (self.q_conv, self.k_conv, self.v_conv):
+                conv.reset_parameters()
         self.o_norm.reset_parameters()
         self._init_gate()
 
@@ -93,28 +111,37 @@ class GatedDeltaProduct(nn.Module):
         B, T, _ = x.shape
         c = self.config
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
-        if cache is None:
-            q = self.q_conv(self.q_proj(x), ctx.seq_pos).view(B, T, H, K)
-            k = self.k_conv(self.k_proj(x), ctx.seq_pos).view(B, T * n, H, K)  # step j of token t at t·n + j
-            v = self.v_conv(self.v_proj(x), ctx.seq_pos).view(B, T * n, H, V)
-        else:
-            q = cache.convolve("q", self.q_conv, self.q_proj(x)).view(B, T, H, K)
-            k = cache.convolve("k", self.k_conv, self.k_proj(x)).view(B, T * n, H, K)
-            v = cache.convolve("v", self.v_conv, self.v_proj(x)).view(B, T * n, H, V)
+        q, k, v = self._project_qkv(x, ctx, cache)
+        q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
         # autocast runs normalize in fp32; the op wants q, k and v in one dtype
         q, k = F.normalize(q, p=2.0, dim=-1).to(v.dtype), F.normalize(k, p=2.0, dim=-1).to(v.dtype)
         beta = torch.sigmoid(self.b_proj(x)).view(B, T * n, H)
         if c.allow_neg_eigval:
             beta = beta * 2.0
-        gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over time: ≥ fp32
-        g = -self.A_log.to(gate_dtype).exp() * F.softplus(
-            self.a_proj(x).to(gate_dtype) + self.dt_bias.to(gate_dtype)
-        )
+        g = None
+        if c.use_forget_gate:
+            gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over T: ≥ fp32
+            g = -self.A_log.to(gate_dtype).exp() * F.softplus(
+                self.a_proj(x).to(gate_dtype) + self.dt_bias.to(gate_dtype)
+            )
         if cache is None:
             o, _ = gated_delta_product(
                 q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
             )
         else:
             o = cache.recur(q, k, v, g, beta, num_householder=n, backend=c.backend)
-        o = self.o_norm(o, self.g_proj(x).view(B, T, H, V))
+        o = self.o_norm(o, self.g_proj(x).view(B, T, H, V)) if c.use_output_gate else self.o_norm(o)
         return self.o_proj(o.reshape(B, T, H * V))
+
+    def _project_qkv(
+        self, x: torch.Tensor, ctx: MixerContext, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, T, channels]: projections through the short convs (continuing the cache's
+        history when decoding), or SiLU of the projections when the convs are off."""
+        projections = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
+        if not self.config.use_short_conv:
+            return tuple(F.silu(p) for p in projections.values())  # type: ignore[return-value]
+        convs = {"q": self.q_conv, "k": self.k_conv, "v": self.v_conv}
+        if cache is None:
+            return tuple(convs[n](p, ctx.seq_pos) for n, p in projections.items())  # type: ignore[return-value]
+        return tuple(cache.convolve(n, convs[n], p) for n, p in projections.items())  # type: ignore[return-value]

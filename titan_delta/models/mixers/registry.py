@@ -68,6 +68,9 @@ def build_gated_deltaproduct(args: ModelArgs) -> nn.Module:
             num_householder=args.gdp_num_householder,
             allow_neg_eigval=args.gdp_allow_neg_eigval,
             conv_size=args.gdp_conv_size,
+            use_forget_gate=args.gdp_forget_gate,
+            use_short_conv=args.gdp_short_conv,
+            use_output_gate=args.gdp_output_gate,
             norm_eps=args.norm_eps,
             backend=args.op_backend,
         )

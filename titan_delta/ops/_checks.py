@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from itertools import pairwise
 
 import torch
@@ -75,3 +76,9 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, total: int) ->
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def reference_precision(x: torch.Tensor) -> AbstractContextManager:
+    """Autocast off around a PyTorch reference: it upcasts its inputs itself, and autocast would otherwise
+    run its matmuls (the triangular solves' inputs included) in bf16/fp16."""
+    return torch.autocast(device_type=x.device.type, enabled=False)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from titan_delta.ops._checks import check_backend
+from titan_delta.ops._checks import check_backend, reference_precision
 from titan_delta.ops.deltaformer.chunked import deltaformer_attn_chunked
 from titan_delta.ops.deltaformer.inputs import compute_dtype, validate_inputs
 
@@ -101,7 +101,10 @@ def deltaformer_attn(
             triton_kernel = None
 
     if triton_kernel is None:
-        return deltaformer_attn_chunked(q, k, v, beta, w=w, kernel=kernel, cu_seqlens=cu_seqlens, scale=scale)
+        with reference_precision(q):
+            return deltaformer_attn_chunked(
+                q, k, v, beta, w=w, kernel=kernel, cu_seqlens=cu_seqlens, scale=scale
+            )
     if beta is None:
         beta = torch.ones(q.shape[:3], dtype=q.dtype, device=q.device)
     return triton_kernel(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens)

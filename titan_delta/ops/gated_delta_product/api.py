@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from titan_delta.ops._checks import check_backend
+from titan_delta.ops._checks import check_backend, reference_precision
 from titan_delta.ops.gated_delta_product._validate import validate_gated_delta_product_args
 from titan_delta.ops.gated_delta_product.chunked import gated_delta_product_chunked
 
@@ -139,4 +139,5 @@ def gated_delta_product(
     if kernel is not None:
         piece = value_piece(v.shape[-1]) if q.is_cuda else None
         return run_in_value_pieces(kernel, piece or v.shape[-1], q, k, v, g, beta, **kwargs)
-    return gated_delta_product_chunked(q, k, v, g, beta, **kwargs)
+    with reference_precision(q):
+        return gated_delta_product_chunked(q, k, v, g, beta, **kwargs)

@@ -6,6 +6,8 @@ training step launches without a device synchronisation (the public op validates
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from titan_delta.ops._checks import check_same_device, check_shape, check_tensor
@@ -15,6 +17,28 @@ from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATE_DTYPES = (*KERNEL_DTYPES, torch.float64)
+VARIANT_ENV = "TITAN_DELTA_GDP_VARIANT"
+VARIANTS = ("save_states", "lowp")
+
+
+def parse_variant(text: str) -> frozenset[str]:
+    """'default', 'save_states', 'lowp' or a '+'/','-joined combination -> the set of switched-on options."""
+    names = {part.strip() for part in text.replace(",", "+").split("+")} - {"", "default"}
+    unknown = names - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown Gated DeltaProduct variant(s) {sorted(unknown)}; choose from {VARIANTS}")
+    return frozenset(names)
+
+
+def resolve_variant(save_states: bool | None, lowp: bool | None) -> tuple[bool, bool]:
+    """Explicit keyword arguments win; otherwise ``$TITAN_DELTA_GDP_VARIANT`` (read per call, so it also
+    reaches callers that go through ``titan_delta.ops``; under torch.compile it is read when tracing, so
+    set it before the first compiled step); otherwise the default (both off)."""
+    from_env = parse_variant(os.environ.get(VARIANT_ENV, ""))
+    return (
+        "save_states" in from_env if save_states is None else save_states,
+        "lowp" in from_env if lowp is None else lowp,
+    )
 
 
 def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens):
@@ -65,16 +89,23 @@ def gated_delta_product_triton(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    save_states: bool | None = None,
+    lowp: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked Gated DeltaProduct (differentiable in q, k, v, g, β and the initial state).
 
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
     final state [N,H,K,V] fp32 (or None). n_h in 1..8, K and V up to 128, any T, varlen via cu_seqlens.
+    ``save_states`` / ``lowp`` switch on the opt-in variants described in ``chunk.py`` (None: read
+    ``$TITAN_DELTA_GDP_VARIANT``, e.g. "save_states+lowp"; unset means both off).
     """
+    save_states, lowp = resolve_variant(save_states, lowp)
     q, k, v, g, beta, scale, initial_state = _prepare(
         q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     )
-    o, final_state, *_ = gdp_chunk_fwd(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale)
+    o, final_state, *_ = gdp_chunk_fwd(
+        q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, lowp
+    )
     return o, (final_state if output_final_state else None)
 
 

@@ -2,8 +2,17 @@
 
 Custom ops keep the Triton launches opaque to torch.compile (``fullgraph=True`` traces through them via the
 fake implementations) and carry the autograd rule, so the op composes with FSDP2 and activation
-checkpointing like any aten op. The forward saves T = (I + A)⁻¹, W and U; the backward recomputes the
-chunk states (cheaper in memory than keeping [chunks, K, V] per head).
+checkpointing like any aten op. By default the forward saves T = (I + A)⁻¹, W and U and the backward
+recomputes the chunk states (cheaper in memory than keeping [chunks, K, V] per head).
+
+Opt-in variants (both off by default; see ``api.resolve_variant``):
+* ``save_states``: the forward saves the chunk states and δ it computed anyway (instead of U), so the
+  backward skips its sequential state pass — one launch and ~1.2 GB of traffic fewer at [4, 4096, 16, 128],
+  n_h = 2 — for [chunks, H, K, V] more activation memory (V/64 times the size of k: 2× at V = 128).
+  Results are bitwise those of the default path.
+* ``lowp``: W, U, δ and the backward's per-step intermediates are stored in the input dtype (bf16 in
+  training, as FLA does) and the state passes and S·δ products multiply in it: half the bytes of those
+  tensors, less shared memory and fewer registers; results move at rounding level (identical for fp32).
 """
 
 from __future__ import annotations
@@ -34,27 +43,33 @@ def gdp_chunk_fwd(
     cu_seqlens: Tensor | None,
     num_householder: int,
     scale: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (o, final_state fp32, T, W, U); the last three are saved for the backward only."""
+    save_states: bool = False,
+    lowp: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (o, final_state fp32, T, W, U, chunk states, δ); all but the first two serve the backward.
+
+    ``save_states`` only changes what the autograd context keeps (the outputs are the same).
+    """
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
-    t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs)
+    t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter_dtype=_inter_dtype(k, lowp))
     chunk_states, v_new, final_state = state_fwd(k, w, u, g, initial_state, geo, seqs)
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs)
-    return o, final_state, t_inv, w, u
+    return o, final_state, t_inv, w, u, chunk_states, v_new
 
 
 @gdp_chunk_fwd.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states=False, lowp=False):
     B, T, H, _ = q.shape
     K, V = k.shape[-1], v.shape[-1]
     geo = chunk_geometry(num_householder)
+    chunks = sequence_layout(B, T, cu_seqlens, geo, q.device).grid_chunks
     o = q.new_empty(B, T, H, V)
     final_state = q.new_empty(_num_sequences(q, cu_seqlens), H, K, V, dtype=torch.float32)
     t_inv = k.new_empty(*k.shape[:3], geo.block_steps)
-    w = torch.empty_like(k, dtype=torch.float32)
-    u = torch.empty_like(v, dtype=torch.float32)
-    return o, final_state, t_inv, w, u
+    w = torch.empty_like(k, dtype=_inter_dtype(k, lowp))
+    u = torch.empty_like(v, dtype=_inter_dtype(k, lowp))
+    return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), torch.empty_like(u)
 
 
 @torch.library.custom_op("titan_delta::gdp_chunk_bwd", mutates_args=())
@@ -70,16 +85,25 @@ def gdp_chunk_bwd(
     cu_seqlens: Tensor | None,
     t_inv: Tensor,
     w: Tensor,
-    u: Tensor,
+    u: Tensor | None,
+    chunk_states: Tensor | None,
+    v_new: Tensor | None,
     num_householder: int,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (dq, dk, dv, dg — empty when g is None —, dβ, ∂L/∂initial_state fp32)."""
+    """Returns (dq, dk, dv, dg — empty when g is None —, dβ, ∂L/∂initial_state fp32).
+
+    Given the forward's chunk states and δ (``save_states``) it uses them; otherwise it recomputes both
+    from U. Intermediates follow W's dtype (fp32, or the input dtype with ``lowp``).
+    """
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
-    chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs)
-    d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs)
+    if chunk_states is None or v_new is None:
+        if u is None:
+            raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
+        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs)
+    d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=w.dtype)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs
     )
@@ -90,7 +114,8 @@ def gdp_chunk_bwd(
 
 
 @gdp_chunk_bwd.register_fake
-def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, num_householder, scale):
+def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
+      num_householder, scale):  # fmt: skip
     N, H, K, V = _num_sequences(q, cu_seqlens), q.shape[2], k.shape[-1], v.shape[-1]
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     d_h0 = q.new_empty(N, H, K, V, dtype=torch.float32)
@@ -98,26 +123,33 @@ def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, 
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale = inputs
-    _, _, t_inv, w, u = output
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u)
-    # T, W, U are internal outputs: never materialise zero gradients for them (nor for an unused state).
+    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, _lowp = inputs
+    _, _, t_inv, w, u, chunk_states, v_new = output
+    # Either U (states recomputed in the backward) or the states and δ themselves, never both.
+    kept = (None, chunk_states, v_new) if save_states else (u, None, None)
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, *kept)
+    # T, W, U, ... are internal outputs: never materialise zero gradients for them (nor for an unused state).
     ctx.set_materialize_grads(False)
     ctx.num_householder = num_householder
     ctx.scale = scale
     ctx.state_dtype = None if initial_state is None else initial_state.dtype
 
 
-def _backward(ctx, d_out, d_final, _dt, _dw, _du):
-    q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u = ctx.saved_tensors
+def _backward(ctx, d_out, d_final, *_internal_grads):
+    q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(q[..., :1]).expand(*q.shape[:3], v.shape[-1])
     dq, dk, dv, dg, dbeta, d_h0 = gdp_chunk_bwd(
-        d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u,
+        d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
         ctx.num_householder, ctx.scale,
     )  # fmt: skip
     d_init = None if initial_state is None else d_h0.to(ctx.state_dtype)
-    return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None
+    return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None, None, None
+
+
+def _inter_dtype(k: Tensor, lowp: bool) -> torch.dtype:
+    """Storage dtype of W, U, δ and the backward's per-step intermediates."""
+    return k.dtype if lowp else torch.float32
 
 
 torch.library.register_autograd("titan_delta::gdp_chunk_fwd", _backward, setup_context=_setup_context)

@@ -24,6 +24,8 @@ from titan_delta_kernels.gated_delta_product._common import (
 )
 from titan_delta_kernels.gated_delta_product.output import masked_scores
 
+Tensor = torch.Tensor
+
 # Offline sm_90a compiles (Triton 3.9) at K = 64: 4 warps spill 936 B (dqkw) and 1,374 B (wy_bwd) of
 # registers, 8 warps 80 B and 104 B. K = 128 ran correct on an H200 with 8 warps.
 GRADS_NUM_WARPS = 8
@@ -117,8 +119,9 @@ def dqkw_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     tl.store(dq + q_rows[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     m_sk = m_s[:, None] & m_k[None, :]
-    tl.store(dk_part + rows[:, None] * K + o_k[None, :], b_dk + b_dk_o, mask=m_sk)
-    tl.store(dw + rows[:, None] * K + o_k[None, :], -b_dw, mask=m_sk)
+    b_dk += b_dk_o
+    tl.store(dk_part + rows[:, None] * K + o_k[None, :], b_dk.to(dk_part.dtype.element_ty), mask=m_sk)
+    tl.store(dw + rows[:, None] * K + o_k[None, :], (-b_dw).to(dw.dtype.element_ty), mask=m_sk)
     tl.store(dG_step + rows, dG, mask=m_s)
     tl.store(dG_tok + q_rows, dGq, mask=m_t)
 
@@ -180,7 +183,7 @@ def wy_bwd_kernel(
     b_dwt = tl.load(dw + rows[None, :] * K + o_k[:, None], mask=(o_k < K)[:, None] & m_s[None, :], other=0.0)
     b_tdw = tl.dot(b_tt, b_dw.to(b_k.dtype))
     eg = tl.exp(G)
-    b_dk = tl.load(dk_part + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+    b_dk = tl.load(dk_part + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0).to(tl.float32)
     b_dk += b_tdw * (b_beta * eg)[:, None]
     kw = tl.sum(b_tdw * b_k.to(tl.float32), 1) * eg
     b_dbeta += kw
@@ -216,50 +219,66 @@ def wy_bwd_kernel(
         tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)
 
 
-def chunk_grads(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    t_inv: torch.Tensor,
-    v_new: torch.Tensor,
-    chunk_states: torch.Tensor,
-    d_chunk_states: torch.Tensor,
-    d_delta: torch.Tensor,
-    d_out: torch.Tensor,
-    scale: float,
-    geo: ChunkGeometry,
-    seqs: SequenceLayout,
-    num_warps: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Returns (dq, dk, dv, dg or None, dβ) in the dtypes of q, k, v, g, β."""
-    B, L, H, K = k.shape
-    V = v.shape[-1]
-    f32 = dict(dtype=torch.float32, device=k.device)
-    dq = torch.empty_like(q)
-    dk_part = torch.empty(B, L, H, K, **f32)
-    dw = torch.empty(B, L, H, K, **f32)
-    dG_step = torch.empty(B, L, H, **f32)
-    dG_tok = torch.empty(*q.shape[:3], **f32)
-    dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
-    dg = None if g is None else torch.empty_like(g)
+def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: SequenceLayout,
+                   num_warps: int | None) -> tuple[dict, tuple, tuple]:  # fmt: skip
+    """Constexprs and launch options, sequence-layout arguments and grid shared by both gradient kernels."""
+    H, K = k.shape[2], k.shape[3]
     common = dict(
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=max(16, triton.next_power_of_2(K)),
-        BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
+        BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=use_g, IS_VARLEN=seqs.is_varlen,
         num_warps=num_warps or GRADS_NUM_WARPS, num_stages=2 if K <= 128 else 1,
     )  # fmt: skip
     where = (seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
              seqs.num_sequences, seqs.search_steps)  # fmt: skip
-    grid = (seqs.grid_chunks, H)
-    g_arg = k if g is None else g
+    return common, where, (seqs.grid_chunks, H)
+
+
+def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Tensor, d_chunk_states: Tensor,
+         d_delta: Tensor, d_out: Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
+         num_warps: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Stage (1): (dq, direct dk, ∂L/∂W, step and token log-gate gradients). ∂L/∂W and the direct dk follow
+    dδ's dtype: fp32 by default, k's dtype with the ``lowp`` variant (as FLA stores them)."""
+    B, L, H, K = k.shape
+    f32 = dict(dtype=torch.float32, device=k.device)
+    dq = torch.empty_like(q)
+    dk_part = torch.empty(B, L, H, K, dtype=d_delta.dtype, device=k.device)
+    dw = torch.empty(B, L, H, K, dtype=d_delta.dtype, device=k.device)
+    dG_step = torch.empty(B, L, H, **f32)
+    dG_tok = torch.empty(*q.shape[:3], **f32)
+    common, where, grid = _launch_config(k, d_delta.shape[-1], g is not None, geo, seqs, num_warps)
     dqkw_kernel[grid](
-        q, k, g_arg, v_new, chunk_states, d_chunk_states, d_delta, d_out, dq, dk_part, dw, dG_step, dG_tok,
-        *where, scale, **common,
-    )
+        q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,
+        dq, dk_part, dw, dG_step, dG_tok, *where, scale, **common,
+    )  # fmt: skip
+    return dq, dk_part, dw, dG_step, dG_tok
+
+
+def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, d_delta: Tensor,
+           dk_part: Tensor, dw: Tensor, dG_step: Tensor, dG_tok: Tensor, geo: ChunkGeometry,
+           seqs: SequenceLayout, num_warps: int | None = None,
+           ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
+    """Stage (2): (dk, dv, dg or None, dβ) in the dtypes of k, v, g, β."""
+    dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
+    dg = None if g is None else torch.empty_like(g)
+    common, where, grid = _launch_config(k, v.shape[-1], g is not None, geo, seqs, num_warps)
     wy_bwd_kernel[grid](
-        k, v, beta, g_arg, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
+        k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
         dk if dg is None else dg, *where, **common,
+    )  # fmt: skip
+    return dk, dv, dg, dbeta
+
+
+def chunk_grads(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
+    chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
+    geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
+    """Returns (dq, dk, dv, dg or None, dβ) in the dtypes of q, k, v, g, β: stage (1) then stage (2)."""
+    dq, dk_part, dw, dG_step, dG_tok = dqkw(
+        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs, num_warps
+    )
+    dk, dv, dg, dbeta = wy_bwd(
+        k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, num_warps
     )
     return dq, dk, dv, dg, dbeta

@@ -63,7 +63,8 @@ def output_fwd_kernel(
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
 
     b_s = masked_scores(b_q, b_kt, G, Gq, n_tok, NH, BT, BC)
-    b_o = tl.dot(b_q, b_h.to(b_q.dtype)) * tl.exp(Gq)[:, None] + tl.dot(b_s, b_d.to(tl.float32))
+    # Scores meet δ in δ's dtype: fp32 (tf32) by default, bf16 with the ``lowp`` variant.
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype)) * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d)
     tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_v < V)[None, :])  # fmt: skip
 
@@ -144,10 +145,11 @@ def dv_local(
     scale: float,
     geo: ChunkGeometry,
     seqs: SequenceLayout,
+    inter_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """fp32 [B, L, H, V]: the within-chunk part of ∂L/∂δ."""
+    """[B, L, H, V] in ``inter_dtype`` (fp32, or k's dtype with ``lowp``): the within-chunk part of ∂L/∂δ."""
     V = d_out.shape[-1]
-    d_vlocal = torch.empty(*k.shape[:3], V, dtype=torch.float32, device=k.device)
+    d_vlocal = torch.empty(*k.shape[:3], V, dtype=inter_dtype, device=k.device)
     _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,
             g is not None)  # fmt: skip
     return d_vlocal

@@ -51,15 +51,17 @@ def state_fwd_kernel(
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
-        b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
-        b_delta = b_u - tl.dot(b_w, b_h)  # fp32 operands (tf32 on tensor cores)
+        b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
+        # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
+        # state is rounded to bf16 for the product (what FLA does).
+        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
-        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(tl.float32), b_delta)
+        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
 
 
@@ -142,8 +144,12 @@ def state_fwd(
     seqs: SequenceLayout,
     block_v: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ fp32 like u, final state [N,H,K,V] fp32)."""
+    """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ like u, final state [N,H,K,V] fp32).
+
+    ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them).
+    """
     _, _, H, K = k.shape
     V = u.shape[-1]
     BK, BV = _blocks(K, V, block_v)
@@ -157,7 +163,8 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS, num_stages=_stages(BK),
+        IS_VARLEN=seqs.is_varlen,
+        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
 
@@ -175,6 +182,7 @@ def state_bwd(
     seqs: SequenceLayout,
     block_v: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32)."""
     _, _, H, K = k.shape
@@ -190,6 +198,7 @@ def state_bwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-        IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS, num_stages=_stages(BK),
+        IS_VARLEN=seqs.is_varlen,
+        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

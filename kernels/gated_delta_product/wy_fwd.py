@@ -78,13 +78,14 @@ def wy_fwd_kernel(
     tl.store(t_inv + rows[:, None] * BT + o_s[None, :], b_T.to(t_inv.dtype.element_ty), mask=m_s[:, None])
 
     b_tw = (b_T * (b_beta * tl.exp(G))[None, :]).to(b_k.dtype)
-    tl.store(w + rows[:, None] * K + o_k[None, :], tl.dot(b_tw, b_k), mask=m_s[:, None] & (o_k < K)[None, :])
+    m_sk = m_s[:, None] & (o_k < K)[None, :]
+    tl.store(w + rows[:, None] * K + o_k[None, :], tl.dot(b_tw, b_k).to(w.dtype.element_ty), mask=m_sk)
     b_tu = (b_T * b_beta[None, :]).to(b_k.dtype)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = m_s[:, None] & (o_v < V)[None, :]
         b_v = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_v, other=0.0)
-        tl.store(u + rows[:, None] * V + o_v[None, :], tl.dot(b_tu, b_v), mask=m_v)
+        tl.store(u + rows[:, None] * V + o_v[None, :], tl.dot(b_tu, b_v).to(u.dtype.element_ty), mask=m_v)
 
 
 def wy_fwd(
@@ -94,16 +95,18 @@ def wy_fwd(
     g: torch.Tensor | None,
     geo: ChunkGeometry,
     seqs: SequenceLayout,
+    inter_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (T [B,L,H,BT] in k's dtype, W [B,L,H,K] fp32, U [B,L,H,V] fp32) for the L = T·n_h steps.
+    """Returns (T [B,L,H,BT] in k's dtype, W [B,L,H,K], U [B,L,H,V]) for the L = T·n_h steps.
 
-    W and U stay fp32 (they are as small as k and v) so the state pass does not round them to bf16.
+    W and U are fp32 by default (the state pass then does not round them to bf16); the ``lowp`` variant
+    passes k's dtype, halving their HBM traffic in the forward and the state passes (FLA's choice).
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
     t_inv = k.new_empty(B, L, H, geo.block_steps)
-    w = torch.empty(B, L, H, K, dtype=torch.float32, device=k.device)
-    u = torch.empty(B, L, H, V, dtype=torch.float32, device=k.device)
+    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
+    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
     BK = max(16, triton.next_power_of_2(K))
     wy_fwd_kernel[(seqs.grid_chunks, H)](
         k, v, beta, k if g is None else g, t_inv, w, u,

@@ -62,13 +62,15 @@ def run_with_grads(fn, inputs, n_h, cu_seqlens, d_out, d_final, dtype=None):
     return o, final, dict(zip(names, grads, strict=True))
 
 
-def check_against_reference(inputs, n_h, cu_seqlens, tol_out, tol_grad, tol_gate_grad, dg_floor=0.0):
+def check_against_reference(inputs, n_h, cu_seqlens, tol_out, tol_grad, tol_gate_grad, dg_floor=0.0,
+                            kernel=gated_delta_product_triton):  # fmt: skip
     """Kernel vs fp64 recurrent oracle on the same inputs. ``dg_floor``: extra absolute allowance on dg as
-    a fraction of ‖dβ‖, for gates so close to 0 that the true dg (~e^{-30}) is below bf16 noise."""
+    a fraction of ‖dβ‖, for gates so close to 0 that the true dg (~e^{-30}) is below bf16 noise.
+    ``kernel``: the entry point under test (the variants' tests pass one with options bound)."""
     q = inputs["q"]
     d_out = torch.randn(*q.shape[:3], inputs["v"].shape[-1], device=q.device, dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    o, final, grads = run_with_grads(gated_delta_product_triton, inputs, n_h, cu_seqlens, d_out, d_final)
+    o, final, grads = run_with_grads(kernel, inputs, n_h, cu_seqlens, d_out, d_final)
     ro, rfinal, rgrads = run_with_grads(
         gated_delta_product_recurrent, inputs, n_h, cu_seqlens, d_out, d_final, torch.float64
     )
@@ -167,8 +169,8 @@ def test_outputs_are_fully_written():
     """Poisoned buffers (NaN) must be overwritten: run the raw op twice on poisoned memory-sized inputs."""
     inputs = make_inputs(1, 13, 1, 16, 16, 3)
     args = [inputs[n] for n in NAMES]
-    o, final, _, w, u = gdp_chunk_fwd(*args[:5], args[5], None, 3, 0.25)
-    for out in (o, final, w, u):
+    o, final, _, w, u, _, v_new = gdp_chunk_fwd(*args[:5], args[5], None, 3, 0.25)
+    for out in (o, final, w, u, v_new):
         assert torch.isfinite(out).all()
     expected = o.clone()
     poison_(o)

@@ -4,10 +4,14 @@ Prints, per shape [B,T,H,D] (bf16), the median time (triton.testing.do_bench) of
 forward+backward for: ours, SDPA causal (the same flash-attention cost model), and FLA 0.6.0 when
 ``fla`` imports (its ``flash_attn`` dependency is stood in for by SDPA, see ``_install_flash_attn_shim``).
 All three are measured in the same process on fresh random inputs. ``--profile`` adds a per-kernel
-breakdown of one forward+backward of ours; ``--superblock``/``--vsplit`` sweep our launch settings.
+breakdown of one forward+backward of ours (``--profile-variant`` picks the variants profiled);
+``--superblock``/``--vsplit``/``--tiles``/``--inv-prec`` sweep our launch settings and ``--variant`` our
+opt-in kernel variants ('|'-separated specs as in ``TITAN_DELTA_DF_VARIANT``; an empty spec = defaults).
+Rows are printed as soon as they are measured, and a row that fails prints its error and is skipped.
 
     python tools/bench_deltaformer.py                    # the issue's two shapes
     python tools/bench_deltaformer.py --shapes 1x4096x16x128 --superblock 512,1024,100000 --profile
+    python tools/bench_deltaformer.py --no-fla --variant "|fused,keepinv|overlap,keepinv,sb=256"
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def _fla_deltaformer():
 def _set_env(env: dict[str, str]) -> None:
     """Our launch settings are read from the environment at each call (see ``default_config``)."""
     for key in ("TITAN_DELTA_DF_SUPERBLOCK", "TITAN_DELTA_DF_VSPLIT", "TITAN_DELTA_DF_TILES",
-                "TITAN_DELTA_DF_INV_PREC"):
+                "TITAN_DELTA_DF_INV_PREC", "TITAN_DELTA_DF_VARIANT"):
         os.environ.pop(key, None)
         if env.get(key):
             os.environ[key] = env[key]
@@ -100,24 +104,44 @@ def _inputs(shape, dtype, device):
     return q, k, v, beta, d_out
 
 
-def _profile(shape, dtype, device) -> None:
+def _profile(shape, dtype, device, variant: str = "") -> None:
     from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 
     q, k, v, beta, d_out = _inputs(shape, dtype, device)
     leaves = [x.requires_grad_(True) for x in (q, k, v, beta)]
     scale = shape[-1] ** -0.5
     for _ in range(2):
-        deltaformer_attn_triton(*leaves, scale=scale).backward(d_out)
+        deltaformer_attn_triton(*leaves, scale=scale, variant=variant).backward(d_out)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        deltaformer_attn_triton(*leaves, scale=scale).backward(d_out)
+        deltaformer_attn_triton(*leaves, scale=scale, variant=variant).backward(d_out)
         torch.cuda.synchronize()
-    print(f"# per-kernel CUDA time of one fwd+bwd, shape {list(shape)}")
+    print(f"# per-kernel CUDA time of one fwd+bwd, shape {list(shape)}, variant {variant or 'defaults'!r}")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=48))
 
 
-def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla) -> list[tuple[str, float, float]]:
-    """(name, fwd ms, fwd+bwd ms) rows for one shape, SDPA first."""
+def _warm(shape, dtype, device, sweeps) -> None:
+    """One fwd and one fwd+bwd per sweep entry, untimed: fills Triton's on-disk kernel cache, so that
+    several of these processes can compile in parallel before a timed run (tools/gpu_proof_deltaformer.sh)."""
+    from titan_delta_kernels.deltaformer import deltaformer_attn_triton
+
+    q, k, v, beta, d_out = _inputs(shape, dtype, device)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, beta)]
+    for env in sweeps:
+        _set_env(env)
+        try:
+            with torch.no_grad():
+                deltaformer_attn_triton(*leaves, scale=shape[-1] ** -0.5)
+            deltaformer_attn_triton(*leaves, scale=shape[-1] ** -0.5).backward(d_out)
+            torch.cuda.synchronize()
+            print(f"# warmed {list(shape)} {env}", flush=True)
+        except Exception as err:
+            print(f"# warm-up failed {list(shape)} {env}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+    _set_env({})
+
+
+def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla) -> None:
+    """Print one table row per implementation for one shape, SDPA first (the ratios' reference)."""
     from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 
     q, k, v, beta, d_out = _inputs(shape, dtype, device)
@@ -130,21 +154,28 @@ def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla) -> list[tu
     def ours(q, k, v, beta, w=None):
         return deltaformer_attn_triton(q, k, v, beta, w=w, scale=scale)
 
-    rows = [("SDPA causal", *_bench_pair(sdpa, leaves, d_out))]
+    sdpa_fwd, sdpa_both = _bench_pair(sdpa, leaves, d_out)
+
+    def row(name: str, forward, inputs) -> None:
+        try:
+            t_fwd, t_both = _bench_pair(forward, inputs, d_out)
+        except Exception as err:  # one failing variant must not cost the rest of the table
+            print(f"# {name} failed on {list(shape)}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            torch.cuda.synchronize()
+            return
+        print(f"| {list(shape)} | {name} | {t_fwd:.3f} | {t_both:.3f} | {t_fwd / sdpa_fwd:.2f}x "
+              f"| {t_both / sdpa_both:.2f}x |", flush=True)
+
+    print(f"| {list(shape)} | SDPA causal | {sdpa_fwd:.3f} | {sdpa_both:.3f} | 1.00x | 1.00x |", flush=True)
     for env in sweeps:
         _set_env(env)
         settings = [f"{key.split('_')[-1].lower()}={val}" for key, val in env.items() if val]
-        rows.append((" ".join(["titan-delta", *settings]), *_bench_pair(ours, leaves, d_out)))
+        row(" ".join(["titan-delta", *settings]), ours, leaves)
     _set_env({})
     if separate_w:
-        probe = torch.randn_like(q).requires_grad_(True)
-        rows.append(("titan-delta, separate w", *_bench_pair(ours, [*leaves, probe], d_out)))
+        row("titan-delta, separate w", ours, [*leaves, torch.randn_like(q).requires_grad_(True)])
     if fla is not None:
-        try:
-            rows.append(("FLA 0.6.0", *_bench_pair(lambda q, k, v, beta: fla(q, k, v, beta), leaves, d_out)))
-        except Exception as err:
-            print(f"# FLA failed on {shape}: {type(err).__name__}: {err}")
-    return rows
+        row("FLA 0.6.0", lambda q, k, v, beta: fla(q, k, v, beta), leaves)
 
 
 def main() -> None:
@@ -159,32 +190,42 @@ def main() -> None:
                         help="comma list of diagonal-inverse precisions (tf32x3,tf32)")
     parser.add_argument("--separate-w", action="store_true", help="also time ours with a separate probe w")
     parser.add_argument("--no-fla", action="store_true", help="skip FLA")
+    parser.add_argument("--variant", default="",
+                        help="'|' list of kernel variant specs, e.g. '|fused,keepinv' ('' = defaults)")
+    parser.add_argument("--warm", action="store_true", help="only compile (run each sweep entry once)")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdown of ours")
+    parser.add_argument("--profile-variant", default="",
+                        help="'|' list of variant specs to profile with --profile ('' = defaults)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_deltaformer needs a CUDA GPU")
     device, dtype = "cuda", torch.bfloat16
-    fla = None if args.no_fla else _fla_deltaformer()
+    fla = None if args.no_fla or args.warm else _fla_deltaformer()
     sweeps = [{"TITAN_DELTA_DF_SUPERBLOCK": sb, "TITAN_DELTA_DF_VSPLIT": vs, "TITAN_DELTA_DF_TILES": tl}
               for sb in (args.superblock.split(",") if args.superblock else [""])
               for vs in (args.vsplit.split(",") if args.vsplit else [""])
               for tl in (args.tiles.split("|") if args.tiles else [""])]
     sweeps = [{**env, "TITAN_DELTA_DF_INV_PREC": prec} for env in sweeps
               for prec in (args.inv_prec.split(",") if args.inv_prec else [""])]
+    sweeps = [{**env, "TITAN_DELTA_DF_VARIANT": spec} for env in sweeps
+              for spec in (args.variant.split("|") if args.variant else [""])]
+    if args.warm:
+        for text in args.shapes.split(","):
+            _warm(_parse_shape(text), dtype, device, sweeps)
+        return
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, bf16")
     print("| shape [B,T,H,D] | impl | fwd ms | fwd+bwd ms | fwd / SDPA fwd | fwd+bwd / SDPA fwd+bwd |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|", flush=True)
     for text in args.shapes.split(","):
-        shape = _parse_shape(text)
-        rows = _bench_shape(shape, dtype, device, sweeps, args.separate_w, fla)
-        sdpa_fwd, sdpa_both = rows[0][1], rows[0][2]
-        for name, t_fwd, t_both in rows:
-            print(f"| {list(shape)} | {name} | {t_fwd:.3f} | {t_both:.3f} | {t_fwd / sdpa_fwd:.2f}x "
-                  f"| {t_both / sdpa_both:.2f}x |")
+        _bench_shape(_parse_shape(text), dtype, device, sweeps, args.separate_w, fla)
         torch.cuda.empty_cache()
     if args.profile:
         for text in args.shapes.split(","):
-            _profile(_parse_shape(text), dtype, device)
+            for spec in args.profile_variant.split("|") if args.profile_variant else [""]:
+                try:
+                    _profile(_parse_shape(text), dtype, device, spec)
+                except Exception as err:
+                    print(f"# profile of {spec!r} failed: {type(err).__name__}: {str(err)[:300]}", flush=True)
 
 
 if __name__ == "__main__":

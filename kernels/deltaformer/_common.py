@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -35,6 +35,12 @@ class BlockConfig:
     num_stages: int
     row_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # rows, keys, warps, stages of the row kernels
     col_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # keys, rows, warps, stages of the key kernels
+    # opt-in variants (``variants.py``); the defaults are the measured behaviour of run 3
+    fused_prep: bool = False  # normalisers + earlier-superblock sums + inverses in one launch per superblock
+    overlap: bool = False  # (fused) sums over long-solved keys on a side stream, beside the current solve
+    prep_tiles: tuple[int, int, int, int] | None = None  # rows, keys, warps, stages of that launch
+    keep_inverse: bool = False  # the forward hands its diagonal-block inverses to the backward
+    solve_keys: int = 0  # key (row) tile of the sequential solves' inner loops; 0 = chunk
 
     def __post_init__(self) -> None:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
@@ -51,6 +57,27 @@ class BlockConfig:
             )
         if self.value_split < 1:
             raise ValueError(f"BlockConfig.value_split must be >= 1, got {self.value_split}")
+        if self.solve_keys and (self.solve_keys < 16 or self.solve_keys & (self.solve_keys - 1)):
+            raise ValueError(f"BlockConfig.solve_keys must be 0 or a power of two >= 16, "
+                             f"got {self.solve_keys}")
+        prep = self.prep_tiles
+        if prep is not None and (len(prep) != 4 or prep[0] % self.chunk or min(prep) < 1
+                                 or any(s & (s - 1) for s in prep[:3])):
+            raise ValueError(f"BlockConfig.prep_tiles must be 4 positive ints (powers of two but the last) "
+                             f"with rows a multiple of chunk={self.chunk}, got {prep}")
+
+    @property
+    def solve_tile(self) -> int:
+        """Key tile of the forward solve's inner loop (row tile of the backward's)."""
+        return self.solve_keys or self.chunk
+
+    @property
+    def prep(self) -> tuple[int, int, int, int]:
+        """Tiles of the fused launch: its own if given, else the row kernels' with rows rounded to chunks."""
+        if self.prep_tiles is not None:
+            return self.prep_tiles
+        rows, keys, warps, stages = self.row_tiles
+        return (max(self.chunk, rows // self.chunk * self.chunk), keys, warps, stages)
 
 
 def _env_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -62,8 +89,14 @@ def _env_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
                          f"'rows,keys,warps,stages;keys,rows,warps,stages', got {text!r}") from err
 
 
-def default_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
-    """Tiles for the GPU (64-row chunks) and small ones for the CPU interpreter, where tests are tiny."""
+def default_config(head_dim: int, value_dim: int, seq_len: int, variant: str = "") -> BlockConfig:
+    """Tiles for the GPU (64-row chunks) and small ones for the CPU interpreter, where tests are tiny;
+    then the opt-in ``variant`` (or, when it is empty, ``TITAN_DELTA_DF_VARIANT``) on top."""
+    base = _base_config(head_dim, value_dim, seq_len)
+    return apply_variant(base, variant or os.environ.get("TITAN_DELTA_DF_VARIANT", ""))
+
+
+def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     if interpreting():
         return BlockConfig(chunk=16, superblock=32, value_split=1, num_warps=4, num_stages=1,
                            row_tiles=(16, 16, 4, 1), col_tiles=(16, 16, 4, 1))
@@ -82,9 +115,59 @@ def default_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     tiles_env = os.environ.get("TITAN_DELTA_DF_TILES")
     if tiles_env:
         row_tiles, col_tiles = _env_tiles(tiles_env)  # type: ignore[assignment]
+    # fused launch (variant only): 64-row tiles give twice the programs of a 128-row superblock launch, and
+    # at D = 128 compile without register spills for sm_90 (128-row tiles: 328 B of stack; not measured)
+    prep_tiles = (64, 64, 4 if width <= 64 else 8, 3) if width <= 128 else None
     return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
-                       col_tiles=col_tiles)
+                       col_tiles=col_tiles, prep_tiles=prep_tiles)
+
+
+def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(":"))
+    except ValueError:
+        values = ()
+    if len(values) != count:
+        raise ValueError(f"variant token {token!r} needs {count} ':'-separated ints")
+    return values
+
+
+_INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
+               "vsplit": "value_split"}
+
+
+def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
+    """Opt-in variants as a comma list, e.g. ``"fused,keepinv,skeys=128"`` (docs/kernels_deltaformer.md):
+    ``fused`` (one launch per superblock for normalisers, earlier-superblock sums and inverses),
+    ``overlap`` (implies ``fused``: the sums over keys solved before the previous superblock run on a side
+    stream while that superblock is solved),
+    ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
+    solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
+    ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows), ``ptile=R:K:W:S`` (tiles of the fused
+    launch; rows a multiple of chunk)."""
+    changes: dict = {}
+    for token in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = token.partition("=")
+        if name in ("fused", "overlap", "keepinv") and not value:
+            changes["keep_inverse" if name == "keepinv" else "fused_prep"] = True
+            if name == "overlap":
+                changes["overlap"] = True
+        elif name in _INT_TOKENS and value:
+            changes[_INT_TOKENS[name]] = _ints(value, 1, token)[0]
+        elif name == "ptile" and value:
+            changes["prep_tiles"] = _ints(value, 4, token)
+        else:
+            raise ValueError(f"unknown DeltaFormer kernel variant token {token!r} in {spec!r}")
+    if not changes:
+        return cfg
+    chunk = changes.get("chunk", cfg.chunk)
+    superblock = changes.get("superblock", cfg.superblock)
+    changes["superblock"] = max(chunk, superblock // chunk * chunk)
+    prep = changes.get("prep_tiles", cfg.prep_tiles)
+    if prep is not None and "prep_tiles" not in changes and prep[0] % chunk:
+        changes["prep_tiles"] = (chunk, *prep[1:])  # a larger chunk than the default tiles' rows
+    return replace(cfg, **changes)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

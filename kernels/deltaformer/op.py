@@ -33,63 +33,75 @@ def _tables(cu_seqlens: torch.Tensor | None, seq_len: int) -> tuple[torch.Tensor
     return (None, None) if cu_seqlens is None else document_tables(cu_seqlens, seq_len)
 
 
+def _kept_inverse_shape(q: torch.Tensor, v: torch.Tensor, variant: str) -> tuple[int, ...]:
+    """Shape of the forward's inverse output: [B·H, n_chunks, chunk, chunk] with ``keepinv``, else [0]."""
+    B, T, H, D = q.shape
+    cfg = default_config(D, v.shape[-1], T, variant)
+    return (B * H, (T + cfg.chunk - 1) // cfg.chunk, cfg.chunk, cfg.chunk) if cfg.keep_inverse else (0,)
+
+
 @torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())
 def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cu_seqlens: torch.Tensor | None, scale: float, variant: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     T, D = q.shape[1], q.shape[3]
-    cfg = default_config(D, v.shape[-1], T)
+    cfg = default_config(D, v.shape[-1], T, variant)
     doc_start, doc_end = _tables(cu_seqlens, T)
     q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
-    o, u, pu, lse1, lse2 = forward_pass(q32, k32, v32, beta32, w32, doc_start, doc_end, scale, cfg)
-    return o.to(q.dtype), u.to(v.dtype), pu.to(v.dtype), lse1, lse2
+    o, u, pu, lse1, lse2, linv = forward_pass(q32, k32, v32, beta32, w32, doc_start, doc_end, scale, cfg)
+    kept = linv if cfg.keep_inverse else linv.new_empty(0)
+    return o.to(q.dtype), u.to(v.dtype), pu.to(v.dtype), lse1, lse2, kept
 
 
 @_fwd.register_fake
-def _fwd_fake(q, k, v, beta, w, cu_seqlens, scale):
+def _fwd_fake(q, k, v, beta, w, cu_seqlens, scale, variant=""):
     B, T, H, _ = q.shape
     lse1 = q.new_empty((B, H, T), dtype=torch.float32)
     lse2 = q.new_empty((B, H, T if w is not None else 0), dtype=torch.float32)
-    return q.new_empty(v.shape), torch.empty_like(v), torch.empty_like(v), lse1, lse2
+    kept = q.new_empty(_kept_inverse_shape(q, v, variant), dtype=torch.float32)
+    return q.new_empty(v.shape), torch.empty_like(v), torch.empty_like(v), lse1, lse2, kept
 
 
 @torch.library.custom_op(f"{_LIB}::deltaformer_triton_bwd", mutates_args=())
 def _bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
     w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
-    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, scale: float,
+    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, linv: torch.Tensor, scale: float,
+    variant: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     T, D = q.shape[1], q.shape[3]
-    cfg = default_config(D, v.shape[-1], T)
+    cfg = default_config(D, v.shape[-1], T, variant)
     doc_start, doc_end = _tables(cu_seqlens, T)
     do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
     dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,
-                                          doc_start, doc_end, scale, cfg)
+                                          doc_start, doc_end, scale, cfg, linv if linv.numel() else None)
     dw = q.new_empty(0) if dw is None else dw.to(w.dtype).contiguous()
     return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
             dbeta.to(beta.dtype).contiguous(), dw)
 
 
 @_bwd.register_fake
-def _bwd_fake(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, scale):
+def _bwd_fake(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, scale, variant=""):
     dw = q.new_empty(0) if w is None else torch.empty_like(w)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), dw
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, beta, w, cu_seqlens, scale = inputs
-    o, u, pu, lse1, lse2 = output
-    ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2)
+    q, k, v, beta, w, cu_seqlens, scale, variant = inputs
+    o, u, pu, lse1, lse2, linv = output
+    ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv)
     ctx.scale = scale
+    ctx.variant = variant
     ctx.has_w = w is not None
-    ctx.mark_non_differentiable(u, pu, lse1, lse2)
+    ctx.mark_non_differentiable(u, pu, lse1, lse2, linv)
 
 
-def _backward(ctx, do, _du, _dpu, _dlse1, _dlse2):
-    q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2 = ctx.saved_tensors
-    dq, dk, dv, dbeta, dw = _bwd(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, ctx.scale)
-    return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None
+def _backward(ctx, do, _du, _dpu, _dlse1, _dlse2, _dlinv):
+    q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv = ctx.saved_tensors
+    dq, dk, dv, dbeta, dw = _bwd(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, ctx.scale,
+                                 ctx.variant)
+    return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -128,7 +140,7 @@ def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
 
 def deltaformer_attn_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-    w: torch.Tensor | None = None, scale: float, cu_seqlens: torch.Tensor | None = None,
+    w: torch.Tensor | None = None, scale: float, cu_seqlens: torch.Tensor | None = None, variant: str = "",
 ) -> torch.Tensor:
     """DeltaFormer attention with κ1 = softmax on the Triton kernels; differentiable in q, k, v, β and w.
 
@@ -136,11 +148,13 @@ def deltaformer_attn_triton(
     u_t = v_t − β_t Σ_{i<t} softmax_i(scale·w_t·k_i) u_i; stage 2 is o = causal softmax(scale·q·kᵀ)·U.
     ``cu_seqlens`` (int32/int64 [N+1], B = 1) keeps packed documents apart; its values are trusted (not
     read on the host). fp32/bf16/fp16 inputs, fp32 accumulation; the output has q's dtype.
+    ``variant``: opt-in kernel variants such as ``"fused,keepinv"`` (``_common.apply_variant``); empty
+    means ``TITAN_DELTA_DF_VARIANT`` or, when that is unset, the defaults.
     """
     _validate(q, k, v, beta, w, cu_seqlens, scale)
     if q.shape[1] == 0:
         return v.to(q.dtype).clone()
     q, k, v, beta = (t.contiguous() for t in (q, k, v, beta))
     w = None if w is None else w.contiguous()
-    o, _, _, _, _ = _fwd(q, k, v, beta, w, cu_seqlens, float(scale))
+    o, _, _, _, _, _ = _fwd(q, k, v, beta, w, cu_seqlens, float(scale), variant)
     return o

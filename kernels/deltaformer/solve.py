@@ -22,6 +22,19 @@ from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
 
 
 @triton.jit
+def unit_lower_inverse(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
+    """(I − x)⁻¹ for a strictly lower-triangular BT×BT x, as Π_j (I + x^(2^j)): x is nilpotent, so
+    LOG2_BT factors (LOG2_BT − 1 squarings) are exact; every step is a tensor-core product."""
+    offs = tl.arange(0, BT)
+    inv = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0) + x
+    power = x
+    for _ in tl.static_range(LOG2_BT - 1):
+        power = tl.dot(power, power, input_precision=INV_PREC)
+        inv = inv + tl.dot(inv, power, input_precision=INV_PREC)
+    return inv
+
+
+@triton.jit
 def _diag_inverse_kernel(
     W, K, BETA, LSE, LINV, DOC_START, T, H, n_chunks, qk_scale,
     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
@@ -47,12 +60,7 @@ def _diag_inverse_kernel(
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (rows[None, :] >= row_doc[:, None])
     x = -tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0) * beta[:, None]
-    eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
-    inv = eye + x
-    power = x
-    for _ in tl.static_range(LOG2_BT - 1):
-        power = tl.dot(power, power, input_precision=INV_PREC)
-        inv = inv + tl.dot(inv, power, input_precision=INV_PREC)
+    inv = unit_lower_inverse(x, BT, LOG2_BT, INV_PREC)
     tl.store(LINV + (pid_bh * n_chunks + pid_c) * BT * BT + offs[:, None] * BT + offs[None, :], inv)
 
 
@@ -60,7 +68,7 @@ def _diag_inverse_kernel(
 def _solve_fwd_kernel(
     W, K, V, U, PU, O, BETA, LSE, LINV, R, DOC_START,
     T, H, row_lo, row_hi, n_chunks, qk_scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
     HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INV_PREC: tl.constexpr,
 ):
@@ -87,8 +95,8 @@ def _solve_fwd_kernel(
             key_lo = tl.maximum(row_lo, tl.load(DOC_START + c0))
         else:
             key_lo = row_lo
-        for i0 in range(key_lo, c0, BT):
-            cols = i0 + offs
+        for i0 in range(key_lo, c0, BS):
+            cols = i0 + tl.arange(0, BS)
             col_ok = cols < c0
             kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
                          mask=col_ok[:, None] & d_ok[None, :], other=0.0)
@@ -129,7 +137,7 @@ def _solve_fwd_kernel(
 def _solve_bwd_kernel(
     W, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, R, DOC_START, DOC_END,
     T, H, row_lo, row_hi, n_chunks, qk_scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
     HAS_R: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INV_PREC: tl.constexpr,
 ):
@@ -154,8 +162,8 @@ def _solve_bwd_kernel(
         acc = tl.load(R + gy_ptrs, mask=gy_mask, other=0.0) if HAS_R else tl.zeros([BT, BV], dtype=tl.float32)
         last_key = tl.minimum(c0 + BT, row_hi) - 1
         t_hi = tl.minimum(row_hi, tl.load(DOC_END + last_key)) if VARLEN else row_hi
-        for t0 in range(c0 + BT, t_hi, BT):
-            rows = t0 + offs
+        for t0 in range(c0 + BT, t_hi, BS):
+            rows = t0 + tl.arange(0, BS)
             row_ok = rows < t_hi
             w = tl.load(W + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -216,8 +224,8 @@ def solve_forward(
     w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
     partial: torch.Tensor | None, doc_start: torch.Tensor | None, *, row_lo: int, row_hi: int, scale: float,
-    chunk: int, value_split: int,
-    dot_prec: str, inv_prec: str, num_warps: int, num_stages: int,
+    chunk: int, solve_tile: int, value_split: int, dot_prec: str, inv_prec: str, num_warps: int,
+    num_stages: int,
 ) -> None:
     """Solve rows [row_lo, row_hi) of U in place, with their (P U) rows and, when ``o`` is given (w = q),
     the stage-2 output; ``partial`` holds the already-summed contributions of earlier superblocks."""
@@ -228,7 +236,7 @@ def solve_forward(
         w, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
         doc_start if doc_start is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
         scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, HAS_R=partial is not None,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
         FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -238,7 +246,8 @@ def solve_backward(
     w: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
     y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, partial: torch.Tensor | None,
     doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, row_lo: int, row_hi: int, scale: float,
-    chunk: int, value_split: int, dot_prec: str, inv_prec: str, num_warps: int, num_stages: int,
+    chunk: int, solve_tile: int, value_split: int, dot_prec: str, inv_prec: str, num_warps: int,
+    num_stages: int,
 ) -> None:
     """Transposed solve of rows [row_lo, row_hi) from the end: G (= dv) and the row cotangent
     Y = α·src − β·G of the stage-1 scores; ``partial`` = Σ over later superblocks of Pᵀ Y."""
@@ -250,7 +259,7 @@ def solve_backward(
         partial if partial is not None else lse, doc_start if doc_start is not None else lse,
         doc_end if doc_end is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
         scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, HAS_R=partial is not None,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
         HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
         num_warps=num_warps, num_stages=num_stages,
     )

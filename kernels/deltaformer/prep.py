@@ -1,0 +1,180 @@
+"""Fused preparation of one superblock of the stage-1 solve (opt-in variant ``fused``).
+
+The default forward spends three launches before each sequential solve can start: the κ1 normaliser pass
+over all rows (a full causal QKᵀ + exp pass), the diagonal-block inverse pass, and, per superblock, the
+contribution of earlier superblocks (the same scores again, now with U). Here one launch per superblock
+does all three for its rows [row_lo, row_hi). Each program owns BT rows and streams over
+  1. the keys of earlier superblocks, [document start, row_lo), with their solved U — an online softmax
+     as in flash attention, so the normaliser needs no pass of its own;
+  2. the superblock's own keys up to the block's diagonal, scores only (their U is not solved yet);
+and stores lse_t (log2 domain) and R_t = Σ_{i<row_lo} P[t,i] U_i. It then reads back the normalisers
+it just stored and builds (I + β P_cc)⁻¹ for each of its BT / chunk diagonal chunks.
+Part 2 is the only work the default forward does not do: superblock²/2 extra scores per superblock.
+The ``overlap`` variant splits part 1: a *partial* launch (``finish=False``) sums the keys solved before
+the previous superblock and leaves its online-softmax state (running max, running sum, unnormalised
+sums) in memory, so it can run on a side stream while that superblock is being solved; the *finishing*
+launch picks the state up for the remaining keys, part 2 and the inverses.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer.solve import unit_lower_inverse
+
+
+@triton.jit
+def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
+    """One key tile of an online log-sum-exp: new running max and sum, the factor that rescales what was
+    accumulated against the old max, and the tile's probabilities against the new max."""
+    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+    s = tl.where(s_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    corr = tl.exp2(m_i - m_use)
+    return m_new, l_i * corr + tl.sum(p, 1), corr, p
+
+
+@triton.jit
+def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
+                    D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, CHUNK: tl.constexpr,
+                    LOG2_CHUNK: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+                    INV_PREC: tl.constexpr):
+    """(I + β P_cc)⁻¹ of the BT / CHUNK diagonal chunks of rows [t0, t0 + BT), from stored normalisers."""
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BD)
+    for c in tl.static_range(BT // CHUNK):
+        c0 = t0 + c * CHUNK
+        crow = c0 + offs_c
+        c_ok = crow < row_hi
+        ptrs = ((b * T + crow) * H + h)[:, None] * D + offs_d[None, :]
+        w_c = tl.load(X + ptrs, mask=c_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+        k_c = tl.load(K + ptrs, mask=c_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+        lse_c = tl.load(LSE + pid_bh * T + crow, mask=c_ok, other=0.0)
+        beta_c = tl.load(BETA + (b * T + crow) * H + h, mask=c_ok, other=0.0).to(tl.float32)
+        s = tl.dot(w_c, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+        allowed = (crow[None, :] < crow[:, None]) & c_ok[:, None]
+        if VARLEN:
+            doc_c = tl.load(DOC_START + crow, mask=c_ok, other=0)
+            allowed = allowed & (crow[None, :] >= doc_c[:, None])
+        neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
+        inv = unit_lower_inverse(neg, CHUNK, LOG2_CHUNK, INV_PREC)
+        chunk_in = (c0 + tl.zeros([CHUNK, CHUNK], dtype=tl.int32)) < row_hi  # superblocks hold whole chunks
+        tl.store(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK + offs_c[:, None] * CHUNK
+                 + offs_c[None, :], inv, mask=chunk_in)
+
+
+@triton.jit
+def _prep_kernel(
+    X, K, U, BETA, LSE, LSUM, R, LINV, DOC_START,
+    T, H, row_lo, row_hi, val_lo, val_hi, n_chunks, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
+    HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    t0 = row_lo + pid_t * BT
+    rows = t0 + tl.arange(0, BT)
+    row_ok = rows < row_hi
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    d_ok = offs_d < D
+    v_ok = offs_v < DV
+    vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
+    x = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if VARLEN:
+        row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
+        key_lo = tl.load(DOC_START + t0)
+        val_start = tl.maximum(key_lo, val_lo)
+        own_lo = tl.maximum(key_lo, row_lo)
+    else:
+        val_start = val_lo
+        own_lo = row_lo
+    if STATE_IN:  # running max, sum and unnormalised sums left by a ``partial`` launch
+        m_i = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=float("-inf"))
+        l_i = tl.load(LSUM + pid_bh * T + rows, mask=row_ok, other=0.0)
+        acc = tl.load(R + vu_ptrs, mask=row_ok[:, None] & v_ok[None, :], other=0.0)
+    else:
+        m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BT], dtype=tl.float32)
+        acc = tl.zeros([BT, BV], dtype=tl.float32)
+    if HAS_VALUES:  # 1. keys of solved superblocks: all before every row, only documents mask
+        for i0 in range(val_start, val_hi, BK):
+            cols = i0 + tl.arange(0, BK)
+            col_ok = cols < val_hi
+            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
+                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            allowed = col_ok[None, :] & row_ok[:, None]
+            if VARLEN:
+                allowed = allowed & (cols[None, :] >= row_doc[:, None])
+            m_i, l_i, corr, p = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
+            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
+                           mask=col_ok[:, None] & v_ok[None, :], other=0.0)
+            acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+    if FINISH:
+        for i0 in range(own_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
+            cols = i0 + tl.arange(0, BK)
+            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
+                         mask=(cols < T)[:, None] & d_ok[None, :], other=0.0)
+            allowed = (cols[None, :] < rows[:, None]) & row_ok[:, None]
+            if VARLEN:
+                allowed = allowed & (cols[None, :] >= row_doc[:, None])
+            m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
+            if TRACK_ACC:
+                acc = acc * corr[:, None]
+        has_keys = l_i > 0.0
+        l_safe = tl.where(has_keys, l_i, 1.0)
+        tl.store(LSE + pid_bh * T + rows, tl.where(has_keys, m_i + tl.log2(l_safe), 0.0), mask=row_ok)
+        if TRACK_ACC:
+            tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
+        tl.debug_barrier()  # the inverses read these normalisers back
+        _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
+                        D, BD, BT, CHUNK, LOG2_CHUNK, VARLEN, DOT_PREC, INV_PREC)
+    else:
+        tl.store(LSE + pid_bh * T + rows, m_i, mask=row_ok)
+        tl.store(LSUM + pid_bh * T + rows, l_i, mask=row_ok)
+        tl.store(R + vu_ptrs, acc, mask=row_ok[:, None] & v_ok[None, :])
+
+
+def prep_superblock(
+    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
+    partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
+    row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
+    val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True,
+) -> None:
+    """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
+    row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
+    [B·H, n_chunks, chunk, chunk]). Keys with values are [val_lo, row_lo) when ``finish`` else [0, val_lo).
+    ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
+    which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one."""
+    B, T, H, D = x.shape
+    DV = u.shape[-1]
+    rows, keys, warps, stages = tiles
+    if rows % chunk:
+        raise ValueError(f"the fused launch needs row tiles that are a multiple of chunk={chunk}, got {rows}")
+    val_hi = row_lo if finish else val_lo
+    val_lo = val_lo if finish else 0
+    state_in = finish and state is not None and val_lo > 0
+    if partial is None and (val_hi > val_lo or not finish):
+        raise ValueError("prep_superblock needs a ``partial`` buffer when there are keys with values")
+    if state is None and not finish:
+        raise ValueError("prep_superblock needs a ``state`` buffer to leave running sums in")
+    dummy = lse
+    _prep_kernel[(triton.cdiv(row_hi - row_lo, rows), B * H)](
+        x, k, u, beta, lse, state if state is not None else dummy, partial if partial is not None else dummy,
+        linv, doc_start if doc_start is not None else dummy, T, H, row_lo, row_hi, val_lo, val_hi,
+        linv.shape[1], scale * LOG2_E,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=rows, BK=keys,
+        CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
+        FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, VARLEN=doc_start is not None,
+        DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
+    )

@@ -61,26 +61,31 @@ CPU_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CPU_CASES))
-def test_matches_fp64_oracle_forward_and_backward(case: str) -> None:
-    B, T, H, D, Dv, separate_w, cu = CPU_CASES[case]
+def check_against_oracle(B, T, H, D, Dv, separate_w, cu, variant: str | None = None) -> None:
+    """fp32 kernel (default path, or ``variant``) vs the fp64 recurrent oracle: output and every gradient."""
     q, k, v, beta, w = _make(B, T, H, D, Dv, separate_w=separate_w, dtype=torch.float64, device="cpu")
     cu_seqlens = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     scale = 0.37
     d_out = torch.randn(B, T, H, Dv, dtype=torch.float64)
     inputs = [q, k, v, beta, w]
+    chosen = {} if variant is None else {"variant": variant}
 
     def reference(q, k, v, beta, w):
         return deltaformer_attn_recurrent(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens)
 
     def kernel(q, k, v, beta, w):
-        return deltaformer_attn_triton(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens)
+        return deltaformer_attn_triton(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens, **chosen)
 
     ref, ref_grads = _grads(reference, inputs, d_out)
     fp32 = [None if x is None else x.float() for x in inputs]
     ours, ours_grads = _grads(kernel, fp32, d_out.float())
     assert ours.dtype == torch.float32
     _compare(ours, ours_grads, ref, ref_grads, tol_out=2e-5, tol_grad=5e-5)
+
+
+@pytest.mark.parametrize("case", list(CPU_CASES))
+def test_matches_fp64_oracle_forward_and_backward(case: str) -> None:
+    check_against_oracle(*CPU_CASES[case])
 
 
 def test_bf16_inputs_give_bf16_output_close_to_oracle() -> None:

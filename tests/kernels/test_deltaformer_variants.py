@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_deltaformer_triton import _compare, _gpu_check, _grads, _make
+from tests.kernels.test_deltaformer_triton import _gpu_check, _grads, _make, check_against_oracle
 from titan_delta.ops.deltaformer.reference import deltaformer_attn_recurrent
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.deltaformer import deltaformer_attn_triton
@@ -39,28 +39,10 @@ CPU_CASES = {
 }
 
 
-def _check_against_oracle(variant, B, T, H, D, Dv, separate_w, cu) -> None:
-    q, k, v, beta, w = _make(B, T, H, D, Dv, separate_w=separate_w, dtype=torch.float64, device="cpu")
-    cu_seqlens = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    scale = 0.37
-    d_out = torch.randn(B, T, H, Dv, dtype=torch.float64)
-    inputs = [q, k, v, beta, w]
-
-    def reference(q, k, v, beta, w):
-        return deltaformer_attn_recurrent(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens)
-
-    def kernel(q, k, v, beta, w):
-        return deltaformer_attn_triton(q, k, v, beta, w=w, scale=scale, cu_seqlens=cu_seqlens,
-                                       variant=variant)
-
-    ref, ref_grads = _grads(reference, inputs, d_out)
-    ours, ours_grads = _grads(kernel, [None if x is None else x.float() for x in inputs], d_out.float())
-    _compare(ours, ours_grads, ref, ref_grads, tol_out=2e-5, tol_grad=5e-5)
-
-
 @pytest.mark.parametrize("case", list(CPU_CASES))
 def test_variant_matches_fp64_oracle(case: str) -> None:
-    _check_against_oracle(*CPU_CASES[case])
+    variant, *shape = CPU_CASES[case]
+    check_against_oracle(*shape, variant=variant)
 
 
 def test_fused_keepinv_never_rebuilds_inverses(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,15 +55,15 @@ def test_fused_keepinv_never_rebuilds_inverses(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(passes, "_inverses", forbidden)
     monkeypatch.setattr(passes, "row_forward", forbidden)
-    _check_against_oracle("fused,keepinv", 1, 33, 1, 16, 16, False, None)
+    check_against_oracle(1, 33, 1, 16, 16, False, None, variant="fused,keepinv")
 
 
 def test_variant_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bench selects variants through TITAN_DELTA_DF_VARIANT; the keyword wins over it."""
     monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", "fused,keepinv,skeys=32")
-    _check_against_oracle("", 1, 35, 1, 16, 16, False, [0, 12, 35])
+    check_against_oracle(1, 35, 1, 16, 16, False, [0, 12, 35], variant="")
     monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", "no-such-variant")
-    _check_against_oracle("fused", 1, 9, 1, 16, 16, False, None)
+    check_against_oracle(1, 9, 1, 16, 16, False, None, variant="fused")
 
 
 def test_bf16_inputs_with_variant_close_to_oracle() -> None:

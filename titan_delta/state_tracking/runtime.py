@@ -31,8 +31,8 @@ def device_description(device: torch.device) -> str:
 
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
-    """bf16 autocast for ``precision='bf16'``; plain fp32 otherwise. Autocast also reaches the matmuls of
-    the ops' torch reference paths (they do not turn it off), so those round to bf16 too."""
+    """bf16 autocast for ``precision='bf16'``; plain fp32 otherwise. The DeltaFormer / Gated DeltaProduct
+    ops keep fp32 math inside (their torch references turn autocast off)."""
     if precision == "fp32":
         yield
         return

@@ -35,18 +35,10 @@ class RMSNorm(nn.Module):
         return (_rms_normalize(x, self.eps) * self.weight.to(_compute_dtype(x))).to(x.dtype)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(RMSNorm):
     """y = RMSNorm(x) · weight · SiLU(gate): the output gate of Gated DeltaNet / DeltaProduct."""
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         dtype = _compute_dtype(x)
         y = _rms_normalize(x, self.eps) * self.weight.to(dtype) * F.silu(gate.to(dtype))
         return y.to(x.dtype)

@@ -5,13 +5,13 @@
 # Every part runs under its own `timeout`, so one slow part cannot eat the others' time; bench rows are
 # printed as soon as they are measured, so a part cut short still leaves its finished rows. While the tests
 # run, background processes compile every benchmarked variant (Triton's disk cache), so the timed bench
-# runs alone on the GPU and spends its time measuring. Expected wall time (H200): ~5 min with the defaults,
-# at most ~7.6 min by the timeouts (max(tests 210 s, warm-up 225 s) + 2 × bench 110 s).
+# runs alone on the GPU and spends its time measuring. Expected wall time (H200): ~6 min with the defaults,
+# at most ~8 min by the timeouts (max(tests 240 s, warm-up 225 s) + 2 × bench 110 s).
 #
 # Switches (environment):
-#   DF_TESTS=quick|full|none  quick (default): the variant tests + two default-path guards (~2.5 min);
+#   DF_TESTS=quick|full|none  quick (default): the variant tests + the main default-path tests (~3 min);
 #                             full: every gpu test of both files (~5.5 min: use with DF_BENCH=0)
-#   DF_TEST_TIMEOUT           seconds for the tests (default 200 quick, 400 full)
+#   DF_TEST_TIMEOUT           seconds for the tests (default 240 quick, 400 full)
 #   DF_BENCH=1|0              run the benchmark (default 1); DF_BENCH_TIMEOUT per shape (default 100 s)
 #   DF_WARM=1|0               compile the variants in parallel first (default 1); DF_WARM_TIMEOUT: the
 #                             warm-up's deadline in seconds after the start (default 220)
@@ -37,18 +37,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 date -u +"run at %Y-%m-%dT%H:%M:%SZ" | tee -a "$log_dir/gpu.txt"
 start=$SECONDS
 
-# Variant sweeps (docs/kernels_deltaformer.md, "2026-11-21, second session"). Defaults: superblock 256 at
-# T = 8192 and 512 at T = 2048, so the 'sb=' rows try the other side; the leading '' row is the defaults.
-# 'overlap' rows pick warps/tiles that let one solve and one side-stream program share an SM (sm_90 compile:
-# registers and shared memory in the doc).
-export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|fused,keepinv|fused,keepinv,ptile=128:64:8:3|\
-fused,keepinv,ptile=64:64:4:3|fused,keepinv,vsplit=4|overlap,keepinv,swarps=4,ptile=64:64:4:3|\
-overlap,keepinv,swarps=4,ptile=64:64:4:3,sb=512|fused,keepinv,sb=512|fused,keepinv,chunk=32,skeys=64}"
-export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|swarps=8|fused,keepinv|fused,keepinv,swarps=8|\
-fused,keepinv,swarps=8,sb=256|overlap,keepinv|overlap,keepinv,sb=256|overlap,keepinv,sb=128|\
-overlap,keepinv,chunk=32,skeys=64,sb=256}"
-export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|fused,keepinv|overlap,keepinv,swarps=4,ptile=64:64:4:3}"
-export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|fused,keepinv,swarps=8|overlap,keepinv,sb=256}"
+# Variant sweeps (docs/kernels_deltaformer.md). Since run 4 the defaults are the fused launch with
+# 64-row, 4-warp tiles; superblock 256 at T = 8192 and 512 at T = 2048. The leading '' row is the defaults;
+# the rest try keeping the inverses, the fused launch's tiles, the solves' tiles and value slices.
+export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|keepinv|keepinv,ptile=64:32:4:3|\
+keepinv,ptile=64:64:4:2|keepinv,ptile=128:64:4:3|keepinv,skeys=32|keepinv,sb=512|keepinv,vsplit=1|\
+keepinv,swarps=4,vsplit=4|unfused}"
+export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|keepinv|keepinv,vsplit=2|keepinv,ptile=128:64:8:3|\
+keepinv,ptile=64:32:4:3|keepinv,ptile=64:64:4:2|keepinv,ptile=64:64:8:3|keepinv,skeys=32|keepinv,sb=1024|\
+keepinv,swarps=2|unfused}"
+export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|keepinv}"
+export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|keepinv}"
 shapes="${DF_SHAPES:-2x8192x32x128 8x2048x16x64}"
 bench="${DF_BENCH:-1}"
 
@@ -81,8 +80,8 @@ fi
 tests="${DF_TESTS:-quick}"
 test_files=(tests/kernels/test_deltaformer_triton.py tests/kernels/test_deltaformer_variants.py)
 case "$tests" in
-  quick) select=(-k "variant or varlen_does_not_synchronise or (matches_fp32_reference and 1000 and dtype0)")
-         limit="${DF_TEST_TIMEOUT:-200}" ;;
+  quick) select=(-k "variant or varlen or long_sequence or compile_fullgraph or (matches_fp32_reference and (1000 or 777))")
+         limit="${DF_TEST_TIMEOUT:-240}" ;;
   full) select=(); limit="${DF_TEST_TIMEOUT:-400}" ;;
   none) select=(); limit=0 ;;
   *) echo "DF_TESTS must be quick, full or none, got '$tests'" >&2; exit 2 ;;

@@ -35,7 +35,7 @@ class BlockConfig:
     num_stages: int
     row_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # rows, keys, warps, stages of the row kernels
     col_tiles: tuple[int, int, int, int] = (64, 64, 8, 2)  # keys, rows, warps, stages of the key kernels
-    # opt-in variants (``variants.py``); the defaults are the measured behaviour of run 3
+    # variants (``apply_variant``); ``_base_config`` picks the measured defaults
     fused_prep: bool = False  # normalisers + earlier-superblock sums + inverses in one launch per superblock
     overlap: bool = False  # (fused) sums over long-solved keys on a side stream, beside the current solve
     prep_tiles: tuple[int, int, int, int] | None = None  # rows, keys, warps, stages of that launch
@@ -99,7 +99,7 @@ def default_config(head_dim: int, value_dim: int, seq_len: int, variant: str = "
 def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     if interpreting():
         return BlockConfig(chunk=16, superblock=32, value_split=1, num_warps=4, num_stages=1,
-                           row_tiles=(16, 16, 4, 1), col_tiles=(16, 16, 4, 1))
+                           row_tiles=(16, 16, 4, 1), col_tiles=(16, 16, 4, 1), fused_prep=True)
     env = os.environ.get("TITAN_DELTA_DF_SUPERBLOCK")
     # Best of {256, 512, 1024} on an H200 (docs/benchmarks.md, run 3): 256 at T = 8192 (less sequential
     # work per (b, h)), 512 at T = 2048 (fewer, fuller parallel launches). Other lengths are untuned.
@@ -115,12 +115,15 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     tiles_env = os.environ.get("TITAN_DELTA_DF_TILES")
     if tiles_env:
         row_tiles, col_tiles = _env_tiles(tiles_env)  # type: ignore[assignment]
-    # fused launch (variant only): 64-row tiles give twice the programs of a 128-row superblock launch, and
-    # at D = 128 compile without register spills for sm_90 (128-row tiles: 328 B of stack; not measured)
-    prep_tiles = (64, 64, 4 if width <= 64 else 8, 3) if width <= 128 else None
+    # One fused launch per superblock (normalisers, earlier-superblock sums, inverses) with 64-row, 4-warp
+    # tiles: on an H200 (docs/benchmarks.md, run 4) this cut the forward at [2,8192,32,128] from 5.27 ms
+    # (separate launches) to 4.15 ms, where 8-warp tiles took 7.09 ms; at [8,2048,16,64] 0.670 -> 0.597 ms
+    # (with keepinv). Head dims above 128 keep the separate launches (the fused tiles are untried there).
+    fused = width <= 128
+    prep_tiles = (64, 64, 4, 3) if fused else None
     return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
-                       col_tiles=col_tiles, prep_tiles=prep_tiles)
+                       col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles)
 
 
 def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
@@ -142,6 +145,7 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``fused`` (one launch per superblock for normalisers, earlier-superblock sums and inverses),
     ``overlap`` (implies ``fused``: the sums over keys solved before the previous superblock run on a side
     stream while that superblock is solved),
+    ``unfused`` (separate launches, the default before run 4 and above D = 128),
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
     solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
     ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows), ``ptile=R:K:W:S`` (tiles of the fused
@@ -153,6 +157,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
             changes["keep_inverse" if name == "keepinv" else "fused_prep"] = True
             if name == "overlap":
                 changes["overlap"] = True
+        elif name == "unfused" and not value:
+            changes.update(fused_prep=False, overlap=False)
         elif name in _INT_TOKENS and value:
             changes[_INT_TOKENS[name]] = _ints(value, 1, token)[0]
         elif name == "ptile" and value:

@@ -220,6 +220,18 @@ def diag_inverse(
     return linv
 
 
+def _value_slice(D: int, DV: int, value_split: int, num_warps: int) -> int:
+    """Columns of U per solve program. One combination is refused: 32-wide slices with 8 warps at D = 128
+    (``vsplit=4``) crashed with an illegal memory access on an H200 under Triton 3.6 (2026-11-21, forward
+    and backward benchmarks and a GPU test), while 16-wide slices with 8 warps at D = 64 passed."""
+    bv = max(16, triton.next_power_of_2(triton.cdiv(DV, value_split)))
+    if bv == 32 and num_warps >= 8 and D >= 128:
+        raise ValueError(f"DeltaFormer solve: value_split={value_split} leaves {bv}-wide value slices, which "
+                         f"crashed with num_warps={num_warps} at head dim {D} on an H200 (Triton 3.6); use "
+                         "swarps=4 or a smaller vsplit")
+    return bv
+
+
 def solve_forward(
     w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
@@ -231,7 +243,7 @@ def solve_forward(
     the stage-2 output; ``partial`` holds the already-summed contributions of earlier superblocks."""
     B, T, H, D = w.shape
     DV = v.shape[-1]
-    bv = max(16, triton.next_power_of_2(triton.cdiv(DV, value_split)))
+    bv = _value_slice(D, DV, value_split, num_warps)
     _solve_fwd_kernel[(B * H, triton.cdiv(DV, bv))](
         w, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
         doc_start if doc_start is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
@@ -253,7 +265,7 @@ def solve_backward(
     Y = α·src − β·G of the stage-1 scores; ``partial`` = Σ over later superblocks of Pᵀ Y."""
     B, T, H, D = w.shape
     DV = src.shape[-1]
-    bv = max(16, triton.next_power_of_2(triton.cdiv(DV, value_split)))
+    bv = _value_slice(D, DV, value_split, num_warps)
     _solve_bwd_kernel[(B * H, triton.cdiv(DV, bv))](
         w, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
         partial if partial is not None else lse, doc_start if doc_start is not None else lse,

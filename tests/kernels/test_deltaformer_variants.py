@@ -36,6 +36,11 @@ CPU_CASES = {
     "chunk32_all": ("fused,keepinv,chunk=32,sb=64,skeys=64,swarps=8", 1, 75, 1, 16, 16, False, [0, 33, 75]),
     "overlap_varlen": ("overlap,keepinv", 1, 101, 1, 16, 16, False, [0, 3, 50, 50, 101]),
     "overlap_sep_w_two_chunk_tiles": ("overlap,ptile=32:16:4:1", 2, 83, 1, 16, 32, True, None),
+    # the separate-launch path (the default before run 4, and still above D = 128)
+    "unfused_ragged": ("unfused", 1, 37, 2, 16, 16, False, None),
+    "unfused_varlen_sep_w": ("unfused", 1, 45, 2, 16, 16, True, [0, 1, 20, 20, 45]),
+    "unfused_keepinv_vsplit_varlen": ("unfused,keepinv,vsplit=2", 1, 41, 1, 16, 32, False, [0, 17, 18, 41]),
+    "unfused_overlap_is_off": ("overlap,unfused", 1, 70, 1, 16, 16, False, [0, 33, 70]),
 }
 
 
@@ -85,6 +90,8 @@ def test_apply_variant_parses_and_rejects() -> None:
     assert (apply_variant(base, "overlap").fused_prep, apply_variant(base, "fused").overlap) == (True, False)
     assert apply_variant(base, "chunk=128,sb=100").superblock == 128  # at least one chunk per superblock
     assert apply_variant(base, "vsplit=4").value_split == 4
+    unfused = apply_variant(base, "overlap,unfused")
+    assert (unfused.fused_prep, unfused.overlap) == (False, False)
     tiled = apply_variant(BlockConfig(chunk=64, superblock=512, value_split=1, num_warps=4, num_stages=2,
                                       prep_tiles=(64, 64, 4, 3)), "chunk=128")
     assert tiled.prep == (128, 64, 4, 3)  # fused rows follow a chunk larger than the default tiles
@@ -92,6 +99,18 @@ def test_apply_variant_parses_and_rejects() -> None:
                 "vsplit=0"):
         with pytest.raises(ValueError):
             apply_variant(base, bad)
+
+
+def test_value_slices_refuse_the_combination_that_crashed() -> None:
+    """32-wide value slices with 8 warps at D = 128 hit an illegal memory access on an H200 (Triton 3.6);
+    the launcher refuses them by name instead of corrupting the CUDA context."""
+    from titan_delta_kernels.deltaformer.solve import _value_slice
+
+    assert _value_slice(64, 64, 4, 8) == 16  # passed on the GPU
+    assert _value_slice(128, 128, 4, 4) == 32
+    assert _value_slice(128, 128, 2, 8) == 64
+    with pytest.raises(ValueError, match="value_split=4"):
+        _value_slice(128, 128, 4, 8)
 
 
 def test_variant_compiles_fullgraph_and_passes_opcheck() -> None:
@@ -114,8 +133,7 @@ def test_variant_compiles_fullgraph_and_passes_opcheck() -> None:
 
 # ----------------------------------------------------------------------------------------------- GPU
 
-GPU_VARIANTS = ["fused,keepinv,ptile=128:64:8:3", "overlap,keepinv,skeys=128,swarps=8,vsplit=4,sb=256",
-                "overlap,keepinv,chunk=32,skeys=64,sb=256"]
+GPU_VARIANTS = ["keepinv", "keepinv,vsplit=2", "unfused", "overlap,keepinv,chunk=32,skeys=64,sb=256"]
 
 
 @pytest.mark.gpu

@@ -89,3 +89,16 @@ def test_nope_makes_one_attention_layer_blind_to_order(rope: bool) -> None:
         assert gap > 1e-6
     else:
         assert gap < 1e-10
+
+
+def test_run_label_names_positions_only_for_attention_like_mixers() -> None:
+    from titan_delta.state_tracking.report import run_label
+
+    def report(mixer: str, rope: bool, **args) -> dict:
+        return {"config": {"model": {"args": {"dim": 128, **args}}},
+                "model": {"mixers": [mixer], "rope": rope}, "precision": "bf16"}
+
+    gdp = report("gated_deltaproduct", True, gdp_num_householder=2)
+    assert run_label(gdp) == "1L gated_deltaproduct d=128 n_h=2 bf16"
+    assert run_label(report("deltaformer", False, deltaformer_kernel="round")).endswith("κ1=round NoPE bf16")
+    assert run_label(report("attention", True)) == "1L attention d=128 RoPE bf16"

@@ -48,7 +48,8 @@ def run_label(report: dict[str, Any]) -> str:
         parts.append(f"n_h={args.get('gdp_num_householder', 2)}")
         if args.get("gdp_allow_neg_eigval"):
             parts.append("neg")
-    parts.append("RoPE" if report["model"]["rope"] else "NoPE")
+    if set(mixers) - {"gated_deltaproduct"}:  # positions only mean something to attention-like mixers
+        parts.append("RoPE" if report["model"]["rope"] else "NoPE")
     if "precision" in report:
         parts.append(report["precision"])
     return " ".join(parts)

@@ -44,8 +44,7 @@ export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|keepinv|keepinv,p
 keepinv,ptile=64:64:4:2|keepinv,ptile=128:64:4:3|keepinv,skeys=32|keepinv,sb=512|keepinv,vsplit=1|\
 keepinv,swarps=4,vsplit=4|unfused}"
 export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|keepinv|keepinv,vsplit=2|keepinv,ptile=128:64:8:3|\
-keepinv,ptile=64:32:4:3|keepinv,ptile=64:64:4:2|keepinv,ptile=64:64:8:3|keepinv,skeys=32|keepinv,sb=1024|\
-keepinv,swarps=2|unfused}"
+keepinv,vsplit=4|keepinv,ptile=64:32:4:3|keepinv,ptile=64:64:4:2|keepinv,ptile=64:64:8:3|keepinv,skeys=32|keepinv,sb=1024|unfused}"
 export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|keepinv}"
 export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|keepinv}"
 shapes="${DF_SHAPES:-2x8192x32x128 8x2048x16x64}"

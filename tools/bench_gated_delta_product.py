@@ -1,14 +1,16 @@
 """Benchmark: our Triton Gated DeltaProduct (each opt-in variant) vs flash-linear-attention, one process.
 
-    python tools/bench_gated_delta_product.py --breakdown 4x4096x16x128x2 --variants default,lowp --no-fla
-    python tools/bench_gated_delta_product.py --nh 2,1,3 --variants default,save_states,lowp,save_states+lowp
+    python tools/bench_gated_delta_product.py --breakdown 4x4096x16x128x2 --variants plain,default+fastwy
+    python tools/bench_gated_delta_product.py --nh 2,1,3 --variants default,default+fastwy
     python tools/bench_gated_delta_product.py --model 4x4096x16x128x2      # cost model only, no GPU
+    python tools/bench_gated_delta_product.py --no-table --sweep --breakdown 4x4096x16x128x2 --sweep-base lowp
 
-Order: the per-stage breakdown of ours first (``--breakdown``, optional launch-config ``--sweep``), then
+Order: the per-stage breakdown of ours first (``--breakdown``; with ``--sweep`` instead a launch-config sweep,
+each configuration in its own process so one that crashes the CUDA context cannot take the rest), then
 the table (median ``triton.testing.do_bench`` times of the forward and of forward+backward; FLA's
 chunk_gated_delta_product and, for n_h = 1, its Gated DeltaNet, unless ``--no-fla``; one row per variant,
-FLA timed once). Breakdown lines give each stage's time and, from ``cost.py``'s analytic model (an
-estimate), its implied GB/s and TFLOP/s, and for the sequential state passes the time per chunk step.
+FLA timed once). Breakdown lines: each stage's time, its GB/s and TFLOP/s by ``cost.py``'s model (an
+estimate), and for the state passes the time per chunk step. Variants: '+'-joined, see options.py.
 Inputs are fresh, bf16, unit-norm keys, β = sigmoid(·), g = logsigmoid(·); gradients reset every repetition.
 FLA refuses its gated backward on Triton < 3.7.1 (a guard for a Hopper miscompile); timing only, we lift it.
 """
@@ -16,6 +18,8 @@ FLA refuses its gated backward on Triton < 3.7.1 (a guard for a Hopper miscompil
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import subprocess
 import sys
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -25,16 +29,9 @@ import torch.nn.functional as F
 import triton
 
 from titan_delta_kernels.gated_delta_product import api, cost
+from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 
-ALL_VARIANTS = "default,save_states,lowp,save_states+lowp"
-
-
-def flops_estimate(B: int, T: int, H: int, D: int, n_h: int, chunk_steps: int = 64) -> float:
-    """Matmul FLOPs of one chunked forward (K = V = D): UT transform, state pass, outputs (C rows/chunk)."""
-    steps = T * n_h
-    per_step = 2 * chunk_steps * D * 3 + chunk_steps**2 / 3 + 2 * D * D * 2  # A, W, U; inverse; δ, S update
-    per_token = 2 * D * D + 2 * chunk_steps * D * 2  # q S₀, scores, scores·δ (one query row per token)
-    return B * H * (steps * per_step + T * per_token)
+ALL_VARIANTS = "plain,save_states,lowp,default (= save_states+lowp),default+fastwy"
 
 
 def make_inputs(B, T, H, D, n_h, device):
@@ -57,19 +54,17 @@ def time_fwd_bwd(fn, inputs, d_out):
     def fwd_bwd():
         fn(*inputs)[0].backward(d_out)
 
-    t_fwd = do_bench(fwd, warmup=25, rep=100, return_mode="median")
-    t_all = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=inputs, return_mode="median")
-    return t_fwd, t_all
+    return (do_bench(fwd, warmup=25, rep=100, return_mode="median"),
+            do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=inputs, return_mode="median"))  # fmt: skip
 
 
 def ours(n_h: int, variant: str):
     from titan_delta_kernels.gated_delta_product import gated_delta_product_triton
 
-    on = api.parse_variant(variant)
+    api.parse_variant(variant)
 
     def run(q, k, v, g, beta):
-        return gated_delta_product_triton(q, k, v, g, beta, num_householder=n_h,
-                                          save_states="save_states" in on, lowp="lowp" in on)  # fmt: skip
+        return gated_delta_product_triton(q, k, v, g, beta, num_householder=n_h, variant=variant)
 
     return run
 
@@ -115,15 +110,16 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, lowp: bool) -> Simple
     return t
 
 
-def stage_calls(t: SimpleNamespace, **launch) -> dict[str, Callable[[], object]]:
-    """One callable per kernel stage; ``launch`` (block_v/num_warps/num_stages) goes to the state passes,
-    its num_warps alone to the gradient kernels."""
-    from titan_delta_kernels.gated_delta_product import grads, output, state, wy_fwd
+def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], object]]:
+    """One callable per kernel stage, with the variant's algorithm (fastwy) and launch overrides."""
+    from titan_delta_kernels.gated_delta_product import chunk, grads, output, state, wy_fast, wy_fwd
 
-    nw = launch.get("num_warps")
+    launch = chunk._state_launch(opts)
+    nw = opts.grad_warps
+    transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
-        "wy_fwd": lambda: wy_fwd.wy_fwd(k, v, b, g, geo, seqs, t.inter),
+        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
         "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.inter),
@@ -133,60 +129,75 @@ def stage_calls(t: SimpleNamespace, **launch) -> dict[str, Callable[[], object]]
     }
 
 
-def breakdown(B: int, T: int, H: int, D: int, n_h: int, lowp_options: list[bool], sweep: bool) -> None:
+def stage_variants(variants: list[str]) -> list[GdpOptions]:
+    """The distinct per-stage configurations (save_states changes no stage, only which ones run)."""
+    seen: dict[GdpOptions, None] = {}
+    for v in variants:
+        seen.setdefault(dataclasses.replace(parse_options(v), save_states=False))
+    return list(seen)
+
+
+def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], stages: list[str] | None,
+              ) -> None:  # fmt: skip
     """Each kernel stage of ours, timed alone, with the cost model beside it; then stage sums."""
-    for lowp in lowp_options:
-        t = stage_inputs(B, T, H, D, n_h, lowp)
-        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=lowp)
-        print(f"\n# stage breakdown [{B}, {T}, {H}, {D}] n_h={n_h} {'lowp' if lowp else 'default'} "
-              "(GB, GFLOP: cost-model estimates)")  # fmt: skip
+    for opts in stage_variants(variants):
+        t = stage_inputs(B, T, H, D, n_h, opts.lowp)
+        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=opts.lowp,
+                                 state_block_v=opts.state_block_v or cost.STATE_BLOCK_V)  # fmt: skip
+        print(f"\n# stage breakdown [{B}, {T}, {H}, {D}] n_h={n_h} {opts.text()} "
+              "(GB, GFLOP: cost-model estimates)", flush=True)  # fmt: skip
         times = {}
-        for name, fn in stage_calls(t).items():
+        for name, fn in stage_calls(t, opts).items():
+            if stages and name not in stages:
+                continue
             times[name], note = bench(fn)
-            print(stage_line(name, times[name], costs[name], note), flush=True)
-        recompute = [n for n in cost.BACKWARD_STAGES if n != "state_fwd"]
-        sums = {"forward": cost.FORWARD_STAGES, "backward (recomputes state_fwd)": cost.BACKWARD_STAGES,
-                "backward with saved states": recompute}  # fmt: skip
-        for label, names in sums.items():
-            ms = sum(float("nan") if times[n] is None else times[n] for n in names)
-            nbytes = sum(costs[n].bytes for n in names)
-            print(f"- sum {label}: {ms:.3f} ms | model {nbytes / 1e9:.2f} GB -> {nbytes / ms / 1e6:.0f} GB/s")
-        if sweep:
-            launch_sweep(t, B, T, H, D, n_h, lowp)
+            print(stage_line(f"{name} [{opts.text()}]" if stages else name, times[name], costs[name], note),
+                  flush=True)  # fmt: skip
+        if not stages:
+            recompute = [n for n in cost.BACKWARD_STAGES if n != "state_fwd"]
+            sums = {"forward": cost.FORWARD_STAGES, "backward (recomputes state_fwd)": cost.BACKWARD_STAGES,
+                    "backward with saved states": recompute}  # fmt: skip
+            for label, names in sums.items():
+                ms = sum(float("nan") if times[n] is None else times[n] for n in names)
+                nbytes = sum(costs[n].bytes for n in names)
+                print(f"- sum {label}: {ms:.3f} ms | model {nbytes / 1e9:.2f} GB"
+                      f" -> {nbytes / ms / 1e6:.0f} GB/s")  # fmt: skip
         del t
         torch.cuda.empty_cache()
 
 
-def launch_sweep(t: SimpleNamespace, B: int, T: int, H: int, D: int, n_h: int, lowp: bool) -> None:
-    """State passes: 1 pipeline stage (fits two programs per SM), V-tile 64 (half the programs, one wave),
-    8 warps, 3 stages — each against the default BV=32/4 warps/2 stages; 4 vs 8 warps for the gradients."""
-    for bv, nw, ns in [(32, 4, 1), (64, 4, None), (64, 8, None), (32, 8, None), (32, 4, 3)]:
-        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=lowp, state_block_v=bv)
-        calls = stage_calls(t, block_v=bv, num_warps=nw, num_stages=ns)
-        for name in ("state_fwd", "state_bwd"):
-            ms, note = bench(calls[name])
-            print(stage_line(f"{name} BV={bv} warps={nw} stages={ns or 'dflt'}", ms, costs[name], note))
-    costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=lowp)
-    for nw in (4, 8):
-        calls = stage_calls(t, num_warps=nw)
-        for name in ("dqkw", "wy_bwd"):
-            ms, note = bench(calls[name])
-            print(stage_line(f"{name} warps={nw}", ms, costs[name], note), flush=True)
+# (tokens added to the sweep's base variant, stages timed), most informative first; one process each.
+SWEEP = [
+    ("sbv=64", "state_fwd,state_bwd"), ("fastwy+wywarps=2", "wy_fwd"), ("gwarps=4", "dqkw,wy_bwd"),
+    ("sbv=64+sstages=1", "state_fwd,state_bwd"), ("fastwy+wywarps=1", "wy_fwd"),
+    ("fastwy+wywarps=8", "wy_fwd"), ("sstages=1", "state_fwd,state_bwd"),
+    ("sbv=64+swarps=8", "state_fwd,state_bwd"), ("wywarps=8", "wy_fwd"), ("sstages=3", "state_fwd,state_bwd"),
+    ("sbv=32+swarps=8", "state_fwd,state_bwd"),
+]  # fmt: skip
 
 
-def print_model(B: int, T: int, H: int, D: int, n_h: int) -> None:
-    """The cost model alone (no GPU): per-stage GB and GFLOP, default vs lowp, and the totals."""
-    for lowp in (False, True):
-        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=lowp)
-        print(f"\n# cost model [{B}, {T}, {H}, {D}] n_h={n_h} {'lowp' if lowp else 'default'} (estimates)")
-        for c in costs.values():
-            walk = f", {c.sequential_chunks} chunks in order" if c.sequential_chunks else ""
-            print(f"- {c.name}: {c.bytes / 1e9:.3f} GB, {c.flops / 1e9:.1f} GFLOP (duplicated "
-                  f"{c.duplicated_flops / 1e9:.1f}), {c.programs} programs{walk}")  # fmt: skip
-        for save_states in (False, True):
-            for label, (nbytes, flops) in cost.totals(costs, save_states=save_states).items():
-                print(f"- {label}{' (save_states)' if save_states else ''}: {nbytes / 1e9:.3f} GB, "
-                      f"{flops / 1e9:.1f} GFLOP")  # fmt: skip
+def launch_sweep(spec: str, base: str, timeout_s: float) -> None:
+    """Each configuration in a fresh process: one that crashes the CUDA context (an illegal memory access
+    poisons every later launch) or hangs only loses its own line. Refused combinations are skipped."""
+    print(f"\n# launch sweep {spec}, base variant {base} (each entry its own process, {timeout_s:.0f} s max)")
+    for extra, stages in SWEEP:
+        variant = f"{base}+{extra}"
+        try:
+            parse_options(variant)
+        except ValueError as err:
+            print(f"- {variant}: skipped ({err})", flush=True)
+            continue
+        cmd = [sys.executable, __file__, "--no-table", "--breakdown", spec, "--variants", variant,
+               "--stages", stages]  # fmt: skip
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"- {variant}: timed out after {timeout_s:.0f} s", flush=True)
+            continue
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("- ")]
+        tail = (run.stderr.strip().splitlines() or ["?"])[-1][:200]
+        lines += [f"- {variant}: exit {run.returncode} ({tail})"] if run.returncode else []
+        print("\n".join(lines) or f"- {variant}: no result", flush=True)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -205,8 +216,8 @@ def table(shapes: str, nh: str, variants: list[str], use_fla: bool) -> None:
     device = torch.cuda.get_device_name(0)
     print(f"\n# {device}, torch {torch.__version__}, triton {triton.__version__}, bf16")
     print("| shape [B,T,H,D] | n_h | ours fwd | ours fwd+bwd | FLA GDP fwd | FLA GDP fwd+bwd | speed-up "
-          "fwd+bwd | FLA GDN fwd+bwd | ours TFLOP/s fwd | o vs FLA (rel RMS) | variant | vs default: o, "
-          "worst grad (rel RMS) |")  # fmt: skip
+          "fwd+bwd | FLA GDN fwd+bwd | ours TFLOP/s fwd | o vs FLA (rel RMS) | variant | vs first variant: "
+          "o, worst grad (rel RMS) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes.split(","):
         B, T, H, D = (int(x) for x in shape.split("x"))
@@ -238,7 +249,7 @@ def table(shapes: str, nh: str, variants: list[str], use_fla: bool) -> None:
                 if n_h == 1 and o_fla is not None:
                     gdn_cell = f"{gdn_all:.3f} ms (ours {gdn_all / t_all:.2f}×)"
                 o_vs = f"{rel(result[0], o_fla):.2e}" if o_fla is not None else "–"
-                tflops = flops_estimate(B, T, H, D, n_h) / (t_fwd * 1e-3) / 1e12
+                tflops = cost.flops_estimate(B, T, H, D, n_h) / (t_fwd * 1e-3) / 1e12
                 row = [f"[{B}, {T}, {H}, {D}]", str(n_h), f"{t_fwd:.3f} ms", f"{t_all:.3f} ms", *fla_cells,
                        speed, gdn_cell, f"{tflops:.1f}", o_vs, variant, vs]  # fmt: skip
                 print("| " + " | ".join(row) + " |", flush=True)
@@ -251,11 +262,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="4x4096x16x128,8x2048x16x64", help="BxTxHxD list")
     parser.add_argument("--nh", default="1,2,3", help="num_householder values, in the order to run")
-    parser.add_argument("--variants", default="default", help=f"comma list of: {ALL_VARIANTS}")
+    parser.add_argument("--variants", default="default",
+                        help=f"comma list of '+'-joined variant strings, e.g. {ALL_VARIANTS}")  # fmt: skip
     parser.add_argument("--no-fla", "--ours-only", action="store_true", help="time ours only")
     parser.add_argument("--no-table", action="store_true", help="breakdown only")
     parser.add_argument("--breakdown", default="", help="BxTxHxDxNH list: time each stage of ours first")
-    parser.add_argument("--sweep", action="store_true", help="breakdown also sweeps launch configs")
+    parser.add_argument("--sweep", action="store_true", help="sweep launch configs (first --breakdown spec)")
+    parser.add_argument("--sweep-base", default="lowp", help="variant the sweep's entries are added to")
+    parser.add_argument("--sweep-timeout", type=float, default=60.0, help="seconds per sweep entry")
+    parser.add_argument("--stages", default="", help="breakdown: comma list of stages to time (no sums)")
     parser.add_argument("--model", default="", help="BxTxHxDxNH list: print the cost model and exit")
     args = parser.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -263,14 +278,18 @@ def main() -> int:
         api.parse_variant(v)  # fail before any GPU work on a typo
     if args.model:
         for spec in args.model.split(","):
-            print_model(*(int(x) for x in spec.split("x")))
+            cost.print_model(*(int(x) for x in spec.split("x")))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    lowp_options = sorted({"lowp" in api.parse_variant(v) for v in variants})
-    for i, spec in enumerate(s for s in args.breakdown.split(",") if s):
-        breakdown(*(int(x) for x in spec.split("x")), lowp_options, args.sweep and i == 0)
+    specs = [s for s in args.breakdown.split(",") if s]
+    stages = [s for s in args.stages.split(",") if s] or None
+    if not args.sweep:
+        for spec in specs:
+            breakdown(*(int(x) for x in spec.split("x")), variants, stages)
+    elif specs:
+        launch_sweep(specs[0], args.sweep_base, args.sweep_timeout)
     if not args.no_table:
         table(args.shapes, args.nh, variants, not args.no_fla)
     return 0

@@ -11,7 +11,8 @@
 #   trainer:FAMILY,...      tools/gpu_proof_trainer.sh for those families (340M configs, one GPU)
 #   st:RUN,...[+RUN,...]    tools/gpu_state_tracking.sh for those paper configs; '+' starts another suite
 #                           on the same GPU at the same time (1-layer models leave most of a GPU idle)
-#   cmd:NAME                runs `bash -c "$JOB_NAME"` (an arbitrary command, e.g. a bench invocation)
+#   cmd:NAME                runs `bash -c "$JOB_NAME"` (an arbitrary command, e.g. a bench invocation);
+#                           files it writes under $JOB_DIR come back in the archive
 # Environment: LIMIT (seconds per job, default 540; a suite's BUDGET is LIMIT - 20), and whatever the job's
 # own script reads (DF_*, GDP_LIMITS, TITAN_DELTA_*_VARIANT, SEEDS ...), passed through.
 # Output: OUT_DIR/summary.txt (each job's exit status and the last lines of its log) and OUT_DIR/jobs.tar.gz
@@ -52,7 +53,7 @@ run_job() {  # run_job INDEX SPEC: everything goes to $work/INDEX_KIND/
     cmd)
       local var="JOB_${arg}"
       [[ -n "${!var-}" ]] || { echo "gpu_jobs: job cmd:$arg needs the command in \$$var"; return 2; }
-      timeout -k 10 "$limit" bash -c "${!var}" ;;
+      JOB_DIR="$dir" timeout -k 10 "$limit" bash -c "${!var}" ;;
     *) echo "gpu_jobs: unknown job '$spec' (expected gdp, deltaformer, trainer:..., st:..., cmd:...)"; return 2 ;;
   esac
 }

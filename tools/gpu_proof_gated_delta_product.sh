@@ -1,39 +1,48 @@
 #!/usr/bin/env bash
-# GPU proof of the Triton Gated DeltaProduct kernels, one call on one GPU (after `source tools/gpu_env.sh`):
-#   1. the `gpu`-marked tests (the opt-in variants first, then the default path),
-#   2. our per-stage breakdown (default and lowp; no FLA) and an ours-only table of every variant,
-#   3. the table vs FLA 0.6.0 for every variant (FLA autotunes here: the slow part),
-#   4. the launch-config sweep of the state passes and gradient kernels.
-# Each step runs under `timeout`, so a slow one cannot eat the others; what a step printed before its
-# limit stays in its log. Limits (seconds) add up to ~7.5 min; override with GDP_LIMITS="t1 t2 t3 t4".
-# Logs go to ${OUT:-gpu_proof_out}/gdp_*.
+# GPU proof of the Triton Gated DeltaProduct kernels, one call on one GPU (after `source tools/gpu_env.sh`),
+# most informative first; every step under `timeout`, limits sum to 525 s (fits a 540 s call):
+#   1. the `gpu`-marked tests, one pytest run per file (a timeout names its file; no -x: all failures show),
+#   2. ours only: per-stage breakdown (default / lowp / lowp+fastwy stages) and the table of our variants
+#      at [4,4096,16,128] and [8,2048,16,64], n_h = 2, 1, 3,
+#   3. the table vs FLA 0.6.0 for the two most promising variant strings only (FLA autotunes: slow),
+#   4. the launch-config sweep (each configuration in its own process: a crash cannot take the others).
+# What a step printed before its limit stays in its log. Overrides: GDP_LIMITS="t1a t1b t1c t2a t2b t3 t4"
+# (seconds), GDP_FLA_VARIANTS (comma list). Logs go to ${OUT:-gpu_proof_out}/gdp_*.
 set -u
 export PYTHONUNBUFFERED=1  # a step killed by its timeout keeps everything it printed
 out="${OUT:-gpu_proof_out}"
 mkdir -p "$out"
-read -r t_tests t_breakdown t_fla t_sweep <<<"${GDP_LIMITS:-140 100 160 50}"
-variants="default,save_states,lowp,save_states+lowp"
+read -r t_fast t_var t_def t_brk t_ours t_fla t_sweep <<<"${GDP_LIMITS:-70 70 95 70 70 105 45}"
+# 'default' = save_states+lowp; 'plain' = neither (options.py)
+ours_variants="plain,default,default+fastwy,default+fastwy+sbv=64"
+fla_variants="${GDP_FLA_VARIANTS:-default+fastwy,default}"
+shapes="4x4096x16x128,8x2048x16x64"
 bench=(python3 tools/bench_gated_delta_product.py)
+tests=(python3 -m pytest -q -m gpu -rA -p no:cacheprovider)
 
 step() {  # step LIMIT LOG CMD...: run CMD under timeout, log everything, say how it ended
   local limit=$1 log=$out/$2
   shift 2
   echo "== $(date -u +%T) start (limit ${limit}s): $*"
-  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
   local rc=$?
   [ "$rc" -eq 124 ] && echo "!! timed out after ${limit}s (partial output kept)" >>"$log"
   echo "== $(date -u +%T) exit $rc -> $log"
+  tail -n "${TAIL:-40}" "$log"
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gdp_device.txt"
-step "$t_tests" gdp_gpu_tests.log python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
-  tests/kernels/test_gated_delta_product_variants.py tests/kernels/test_gated_delta_product_triton.py
-tail -n 25 "$out/gdp_gpu_tests.log"
-step "$t_breakdown" gdp_breakdown.md "${bench[@]}" --no-fla --variants "$variants" \
-  --breakdown 4x4096x16x128x2,4x4096x16x128x1 --shapes 4x4096x16x128 --nh 2,1
-cat "$out/gdp_breakdown.md"
-step "$t_fla" gdp_bench.md "${bench[@]}" --variants "$variants" --nh 2,1,3
-cat "$out/gdp_bench.md"
-step "$t_sweep" gdp_sweep.md "${bench[@]}" --no-table --variants default,lowp --sweep \
-  --breakdown 4x4096x16x128x2
-cat "$out/gdp_sweep.md"
+# 1. Tests: the new variant first, then the older variants, then the default path.
+step "$t_fast" gdp_tests_fast.log "${tests[@]}" tests/kernels/test_gated_delta_product_fast.py
+step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py
+step "$t_def" gdp_tests_default.log "${tests[@]}" tests/kernels/test_gated_delta_product_triton.py
+# 2. Ours only (no FLA autotuning): stages at n_h = 2 (both shapes) and n_h = 1, then every variant's table.
+TAIL=80 step "$t_brk" gdp_breakdown.md "${bench[@]}" --no-table --variants "$ours_variants" \
+  --breakdown 4x4096x16x128x2,8x2048x16x64x2,4x4096x16x128x1
+TAIL=80 step "$t_ours" gdp_ours.md "${bench[@]}" --no-fla --variants "$ours_variants" --shapes "$shapes" \
+  --nh 2,1,3
+# 3. Against FLA (GDP for every n_h, GDN for n_h = 1).
+TAIL=30 step "$t_fla" gdp_bench.md "${bench[@]}" --variants "$fla_variants" --shapes "$shapes" --nh 2,1,3
+# 4. Launch sweep on top of lowp at the main shape, each entry its own process.
+TAIL=40 step "$t_sweep" gdp_sweep.md "${bench[@]}" --no-table --sweep --sweep-base lowp \
+  --sweep-timeout 40 --breakdown 4x4096x16x128x2

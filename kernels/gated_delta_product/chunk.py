@@ -2,14 +2,16 @@
 
 Custom ops keep the Triton launches opaque to torch.compile (``fullgraph=True`` traces through them via the
 fake implementations) and carry the autograd rule, so the op composes with FSDP2 and activation
-checkpointing like any aten op. By default the forward saves T = (I + A)⁻¹, W and U and the backward
-recomputes the chunk states (cheaper in memory than keeping [chunks, K, V] per head).
+checkpointing like any aten op. Without ``save_states`` the forward saves T = (I + A)⁻¹, W and U and the
+backward recomputes the chunk states (cheaper in memory than keeping [chunks, K, V] per head).
 
-Opt-in variants (both off by default; see ``api.resolve_variant``):
+Variants (``save_states`` and ``lowp`` are on by default, ``plain`` turns both off; see ``options.py``):
 * ``save_states``: the forward saves the chunk states and δ it computed anyway (instead of U), so the
   backward skips its sequential state pass — one launch and ~1.2 GB of traffic fewer at [4, 4096, 16, 128],
   n_h = 2 — for [chunks, H, K, V] more activation memory (V/64 times the size of k: 2× at V = 128).
-  Results are bitwise those of the default path.
+  Results are bitwise those of the ``plain`` path.
+* ``options`` (a variant string, see ``options.py``): ``fastwy`` (block-wise UT transform, ``wy_fast.py``)
+  and launch overrides of the state passes, the UT transform and the gradient kernels.
 * ``lowp``: W, U, δ and the backward's per-step intermediates are stored in the input dtype (bf16 in
   training, as FLA does) and the state passes and S·δ products multiply in it: half the bytes of those
   tensors, less shared memory and fewer registers; results move at rounding level (identical for fp32).
@@ -21,8 +23,10 @@ import torch
 
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.grads import chunk_grads
+from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
+from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 
 Tensor = torch.Tensor
@@ -45,21 +49,25 @@ def gdp_chunk_fwd(
     scale: float,
     save_states: bool = False,
     lowp: bool = False,
+    options: str = "plain",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (o, final_state fp32, T, W, U, chunk states, δ); all but the first two serve the backward.
 
     ``save_states`` only changes what the autograd context keeps (the outputs are the same).
     """
+    opts = parse_options(options)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
-    t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter_dtype=_inter_dtype(k, lowp))
-    chunk_states, v_new, final_state = state_fwd(k, w, u, g, initial_state, geo, seqs)
+    transform = wy_fwd_fast if opts.fastwy else wy_fwd
+    t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
+    chunk_states, v_new, final_state = state_fwd(k, w, u, g, initial_state, geo, seqs, **_state_launch(opts))
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs)
     return o, final_state, t_inv, w, u, chunk_states, v_new
 
 
 @gdp_chunk_fwd.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states=False, lowp=False):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states=False, lowp=False,
+      options="default"):  # fmt: skip
     B, T, H, _ = q.shape
     K, V = k.shape[-1], v.shape[-1]
     geo = chunk_geometry(num_householder)
@@ -90,32 +98,37 @@ def gdp_chunk_bwd(
     v_new: Tensor | None,
     num_householder: int,
     scale: float,
+    options: str = "plain",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (dq, dk, dv, dg — empty when g is None —, dβ, ∂L/∂initial_state fp32).
 
     Given the forward's chunk states and δ (``save_states``) it uses them; otherwise it recomputes both
     from U. Intermediates follow W's dtype (fp32, or the input dtype with ``lowp``).
     """
+    opts = parse_options(options)
+    launch = _state_launch(opts)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
-        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs)
+        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, **launch)
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=w.dtype)
     d_chunk_states, d_delta, d_h0 = state_bwd(
-        q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs
+        q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
+        **launch,
     )
     dq, dk, dv, dg, dbeta = chunk_grads(
-        q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs
+        q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,
+        opts.grad_warps,
     )
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0
 
 
 @gdp_chunk_bwd.register_fake
 def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
-      num_householder, scale):  # fmt: skip
+      num_householder, scale, options="default"):  # fmt: skip
     N, H, K, V = _num_sequences(q, cu_seqlens), q.shape[2], k.shape[-1], v.shape[-1]
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     d_h0 = q.new_empty(N, H, K, V, dtype=torch.float32)
@@ -123,7 +136,7 @@ def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, 
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, _lowp = inputs
+    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, _lowp, options = inputs
     _, _, t_inv, w, u, chunk_states, v_new = output
     # Either U (states recomputed in the backward) or the states and δ themselves, never both.
     kept = (None, chunk_states, v_new) if save_states else (u, None, None)
@@ -132,6 +145,7 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
     ctx.num_householder = num_householder
     ctx.scale = scale
+    ctx.options = options
     ctx.state_dtype = None if initial_state is None else initial_state.dtype
 
 
@@ -141,10 +155,15 @@ def _backward(ctx, d_out, d_final, *_internal_grads):
         d_out = torch.zeros_like(q[..., :1]).expand(*q.shape[:3], v.shape[-1])
     dq, dk, dv, dg, dbeta, d_h0 = gdp_chunk_bwd(
         d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
-        ctx.num_householder, ctx.scale,
+        ctx.num_householder, ctx.scale, ctx.options,
     )  # fmt: skip
     d_init = None if initial_state is None else d_h0.to(ctx.state_dtype)
-    return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None, None, None
+    return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None, None, None, None
+
+
+def _state_launch(opts: GdpOptions) -> dict:
+    """Launch overrides of both sequential state passes (None keeps a default)."""
+    return dict(block_v=opts.state_block_v, num_warps=opts.state_warps, num_stages=opts.state_stages)
 
 
 def _inter_dtype(k: Tensor, lowp: bool) -> torch.dtype:

@@ -109,3 +109,26 @@ def totals(costs: dict[str, StageCost], *, save_states: bool = False) -> dict[st
         out[label] = (sum(costs[n].bytes for n in names), sum(costs[n].flops for n in names))
     out["fwd+bwd"] = tuple(a + b for a, b in zip(out["forward"], out["backward"], strict=True))
     return out
+
+
+def flops_estimate(B: int, T: int, H: int, D: int, n_h: int, chunk_steps: int = 64) -> float:
+    """Matmul FLOPs of one chunked forward (K = V = D): UT transform, state pass, outputs (C rows/chunk)."""
+    steps = T * n_h
+    per_step = 2 * chunk_steps * D * 3 + chunk_steps**2 / 3 + 2 * D * D * 2  # A, W, U; inverse; δ, S update
+    per_token = 2 * D * D + 2 * chunk_steps * D * 2  # q S₀, scores, scores·δ (one query row per token)
+    return B * H * (steps * per_step + T * per_token)
+
+
+def print_model(B: int, T: int, H: int, D: int, n_h: int) -> None:
+    """The cost model alone (no GPU): per-stage GB and GFLOP, default vs lowp, and the totals."""
+    for lowp in (False, True):
+        costs = stage_costs(B, T, H, D, D, n_h, lowp=lowp)
+        print(f"\n# cost model [{B}, {T}, {H}, {D}] n_h={n_h} {'lowp' if lowp else 'default'} (estimates)")
+        for c in costs.values():
+            walk = f", {c.sequential_chunks} chunks in order" if c.sequential_chunks else ""
+            print(f"- {c.name}: {c.bytes / 1e9:.3f} GB, {c.flops / 1e9:.1f} GFLOP (duplicated "
+                  f"{c.duplicated_flops / 1e9:.1f}), {c.programs} programs{walk}")  # fmt: skip
+        for save_states in (False, True):
+            for label, (nbytes, flops) in totals(costs, save_states=save_states).items():
+                print(f"- {label}{' (save_states)' if save_states else ''}: {nbytes / 1e9:.3f} GB, "
+                      f"{flops / 1e9:.1f} GFLOP")  # fmt: skip

@@ -96,11 +96,13 @@ def wy_fwd(
     geo: ChunkGeometry,
     seqs: SequenceLayout,
     inter_dtype: torch.dtype = torch.float32,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (T [B,L,H,BT] in k's dtype, W [B,L,H,K], U [B,L,H,V]) for the L = T·n_h steps.
 
     W and U are fp32 by default (the state pass then does not round them to bf16); the ``lowp`` variant
     passes k's dtype, halving their HBM traffic in the forward and the state passes (FLA's choice).
+    ``num_warps`` overrides the default 4 (variant key ``wywarps``).
     """
     B, L, H, K = k.shape
     V = v.shape[-1]
@@ -115,6 +117,6 @@ def wy_fwd(
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),
         USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        num_warps=4,
+        num_warps=num_warps or 4,
     )  # fmt: skip
     return t_inv, w, u

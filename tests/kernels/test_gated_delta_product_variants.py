@@ -1,6 +1,6 @@
-"""Opt-in variants of the Triton Gated DeltaProduct kernels (``save_states``, ``lowp``) against fp64.
+"""Variants of the Triton Gated DeltaProduct kernels (``save_states``, ``lowp``; both on by default) vs fp64.
 
-``save_states`` must give bitwise the results of the default path (it only skips a deterministic
+``save_states`` must give bitwise the results of the ``plain`` path (it only skips a deterministic
 recomputation); ``lowp`` stores intermediates in the input dtype, so on the CPU interpreter it is checked
 in fp16 (the interpreter's bf16 arithmetic is not faithful; in fp32 it would change nothing). Allocations
 are NaN-poisoned in one test so that any element read before it is written shows up.
@@ -108,11 +108,11 @@ def test_save_states_is_bitwise_the_default_and_skips_the_state_pass(monkeypatch
     d_out = torch.randn(1, 40, 2, 16, dtype=torch.float64)
     d_final = torch.randn(3, 2, 16, 16, dtype=torch.float64)
     results = {}
-    for variant in ("default", "save_states"):
+    for variant in ("plain", "save_states"):
         calls.clear()
         results[variant] = run_with_grads(variant_kernel(variant), inputs, 2, cu, d_out, d_final)
-        assert len(calls) == (2 if variant == "default" else 1), (variant, len(calls))
-    (o0, f0, g0), (o1, f1, g1) = results["default"], results["save_states"]
+        assert len(calls) == (2 if variant == "plain" else 1), (variant, len(calls))
+    (o0, f0, g0), (o1, f1, g1) = results["plain"], results["save_states"]
     assert torch.equal(o0, o1) and torch.equal(f0, f1)
     for name in g0:
         assert torch.equal(g0[name], g1[name]), f"d{name} differs"
@@ -123,6 +123,8 @@ def test_environment_switch_reaches_the_public_op(monkeypatch):
     from titan_delta.ops import gated_delta_product
 
     monkeypatch.delenv(api.VARIANT_ENV, raising=False)
+    assert api.resolve_variant(None, None) == (True, True)  # the default: save_states + lowp
+    monkeypatch.setenv(api.VARIANT_ENV, "plain")
     assert api.resolve_variant(None, None) == (False, False)
     monkeypatch.setenv(api.VARIANT_ENV, "save_states+lowp")
     assert api.resolve_variant(None, None) == (True, True)
@@ -208,7 +210,7 @@ def test_gpu_save_states_is_bitwise_the_default():
     inputs = make_inputs(2, 201, 4, 64, 64, 2, device="cuda", dtype=torch.bfloat16)
     d_out = torch.randn(2, 201, 4, 64, device="cuda", dtype=torch.float64)
     d_final = torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, 2, None, d_out, d_final)
+    a = run_with_grads(variant_kernel("plain"), inputs, 2, None, d_out, d_final)
     b = run_with_grads(variant_kernel("save_states"), inputs, 2, None, d_out, d_final)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     for name in a[2]:

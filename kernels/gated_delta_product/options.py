@@ -1,0 +1,107 @@
+"""Variant strings of the chunked Gated DeltaProduct kernels: algorithms and launch parameters.
+
+A variant is a '+'- or ','-joined list of tokens, e.g. ``save_states+lowp+fastwy+sbv=64+gwarps=4``. A string
+that names flags gets exactly those; ``default`` (or an empty string) means ``DEFAULT_FLAGS`` and
+``plain`` means no flag (fp32 intermediates, states recomputed in the backward: the default before the
+2026-11-21 H200 runs). ``default`` and ``plain`` combine with launch keys (``default+sbv=64``).
+Flags switch on alternative algorithms (``chunk.py`` / ``wy_fast.py`` say what each does); ``key=value``
+tokens override a launch parameter, so a GPU sweep can try configurations without code edits. The parsed
+form travels through the custom ops as its canonical text (a schema-friendly ``str``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+FLAGS = ("save_states", "lowp", "fastwy")
+# Measured on an H200 (docs/benchmarks.md, 2026-11-21): fwd+bwd 5.955 -> 3.869 ms at [4,4096,16,128], n_h = 2,
+# and both passed the GPU tests at the issue's tolerances. lowp changes nothing for fp32 inputs.
+DEFAULT_FLAGS = ("save_states", "lowp")
+# key -> (GdpOptions field, allowed values)
+LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
+    "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
+    "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
+    "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd or fastwy)
+    "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd
+}
+# Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
+KNOWN_BAD = {
+    (("state_block_v", 32), ("state_warps", 8)): "state_bwd with BV=32 and 8 warps hit a CUDA illegal memory "
+    "access on an H200 (Triton 3.6), which poisons the CUDA context",
+}
+STATE_BLOCK_V_DEFAULT = 32  # mirrors state.STATE_BLOCK_V (this module must import without Triton)
+
+
+@dataclass(frozen=True)
+class GdpOptions:
+    """Switched-on flags and launch overrides (None: the kernel's default)."""
+
+    save_states: bool = False
+    lowp: bool = False
+    fastwy: bool = False
+    state_block_v: int | None = None
+    state_warps: int | None = None
+    state_stages: int | None = None
+    wy_warps: int | None = None
+    grad_warps: int | None = None
+
+    def text(self) -> str:
+        """Canonical variant string ('plain' when no flag is on); parses back to ``self``."""
+        parts = [f for f in FLAGS if getattr(self, f)] or ["plain"]
+        parts += [f"{key}={getattr(self, name)}" for key, (name, _) in LAUNCH_KEYS.items()
+                  if getattr(self, name) is not None]  # fmt: skip
+        return "+".join(parts)
+
+    def launch_text(self) -> str:
+        """The part the custom ops need besides save_states and lowp (their own arguments)."""
+        return GdpOptions(**{f.name: getattr(self, f.name) for f in fields(self)
+                             if f.name not in ("save_states", "lowp")}).text()  # fmt: skip
+
+
+def split_tokens(text: str) -> set[str]:
+    """The tokens of a variant string, with ``default`` (also implied when no flag is named and ``plain``
+    is absent) expanded to ``DEFAULT_FLAGS``."""
+    names = {part.strip() for part in text.replace(",", "+").split("+")} - {""}
+    if "plain" in names:
+        return names - {"plain", "default"}
+    if "default" in names or not names & set(FLAGS):
+        names |= set(DEFAULT_FLAGS)
+    return names - {"default"}
+
+
+def check_tokens(names: set[str]) -> None:
+    """Raises ValueError naming every unknown flag or key, or a value out of range."""
+    unknown, bad = [], []
+    for name in sorted(names):
+        key, eq, value = name.partition("=")
+        if not eq:
+            if name not in FLAGS:
+                unknown.append(name)
+        elif key not in LAUNCH_KEYS:
+            unknown.append(name)
+        elif not value.isdigit() or int(value) not in LAUNCH_KEYS[key][1]:
+            bad.append(f"{name} (allowed: {LAUNCH_KEYS[key][1]})")
+    if unknown:
+        raise ValueError(f"unknown Gated DeltaProduct variant(s) {unknown}; choose from flags {FLAGS} "
+                         f"and keys {tuple(k + '=N' for k in LAUNCH_KEYS)}")  # fmt: skip
+    if bad:
+        raise ValueError(f"bad Gated DeltaProduct launch value(s): {', '.join(bad)}")
+
+
+def parse_options(text: str) -> GdpOptions:
+    """Variant string -> GdpOptions (validated, including the known-bad launch combinations). Not cached:
+    it is cheap, and Dynamo would warn about an lru_cache wrapper in a compiled step."""
+    names = split_tokens(text)
+    check_tokens(names)
+    values: dict[str, object] = {f: f in names for f in FLAGS}
+    for name in names:
+        key, eq, value = name.partition("=")
+        if eq:
+            values[LAUNCH_KEYS[key][0]] = int(value)
+    opts = GdpOptions(**values)
+    effective = dict(state_block_v=opts.state_block_v or STATE_BLOCK_V_DEFAULT, state_warps=opts.state_warps)
+    for combo, why in KNOWN_BAD.items():
+        if all(effective.get(name) == value for name, value in combo):
+            raise ValueError(f"variant {text!r} is refused: {why}")
+    return opts

@@ -1,7 +1,7 @@
 """Benchmark: our Triton Gated DeltaProduct (each opt-in variant) vs flash-linear-attention, one process.
 
     python tools/bench_gated_delta_product.py --breakdown 4x4096x16x128x2 --variants plain,default+fastwy
-    python tools/bench_gated_delta_product.py --nh 2,1,3 --variants default,default+fastwy
+    python tools/bench_gated_delta_product.py --nh 2,1,3 --variants default,default+lowp
     python tools/bench_gated_delta_product.py --model 4x4096x16x128x2      # cost model only, no GPU
     python tools/bench_gated_delta_product.py --no-table --sweep --breakdown 4x4096x16x128x2 --sweep-base lowp
 
@@ -31,7 +31,7 @@ import triton
 from titan_delta_kernels.gated_delta_product import api, cost
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 
-ALL_VARIANTS = "plain,save_states,lowp,default (= save_states+lowp),default+fastwy"
+ALL_VARIANTS = "plain,default (= save_states),lowp,default+lowp,default+lowp+fastwy"
 
 
 def make_inputs(B, T, H, D, n_h, device):

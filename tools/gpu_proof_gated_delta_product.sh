@@ -13,9 +13,9 @@ export PYTHONUNBUFFERED=1  # a step killed by its timeout keeps everything it pr
 out="${OUT:-gpu_proof_out}"
 mkdir -p "$out"
 read -r t_fast t_var t_def t_brk t_ours t_fla t_sweep <<<"${GDP_LIMITS:-70 70 95 70 70 105 45}"
-# 'default' = save_states+lowp; 'plain' = neither (options.py)
-ours_variants="plain,default,default+fastwy,default+fastwy+sbv=64"
-fla_variants="${GDP_FLA_VARIANTS:-default+fastwy,default}"
+# 'default' = save_states; 'plain' = neither; lowp is opt-in (options.py)
+ours_variants="plain,default,default+lowp,default+lowp+fastwy+wywarps=2"
+fla_variants="${GDP_FLA_VARIANTS:-default,default+lowp}"
 shapes="4x4096x16x128,8x2048x16x64"
 bench=(python3 tools/bench_gated_delta_product.py)
 tests=(python3 -m pytest -q -m gpu -rA -p no:cacheprovider)

@@ -41,7 +41,8 @@ def parse_variant(text: str) -> frozenset[str]:
 def resolve_variant(save_states: bool | None, lowp: bool | None) -> tuple[bool, bool]:
     """Explicit keyword arguments win; otherwise ``$TITAN_DELTA_GDP_VARIANT`` (read per call, so it also
     reaches callers that go through ``titan_delta.ops``; under torch.compile it is read when tracing, so
-    set it before the first compiled step); otherwise the default (both on; ``plain`` turns both off)."""
+    set it before the first compiled step); otherwise the default (``save_states`` on, ``lowp`` off;
+    ``plain`` turns both off)."""
     from_env = parse_variant(os.environ.get(VARIANT_ENV, ""))
     return (
         "save_states" in from_env if save_states is None else save_states,
@@ -117,7 +118,7 @@ def gated_delta_product_triton(
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
     final state [N,H,K,V] fp32 (or None). n_h in 1..8, K and V up to 128, any T, varlen via cu_seqlens.
     ``save_states`` / ``lowp`` switch on the opt-in variants described in ``chunk.py`` (None: read
-    ``$TITAN_DELTA_GDP_VARIANT``, e.g. "plain"; unset means both on). ``variant`` (a string
+    ``$TITAN_DELTA_GDP_VARIANT``, e.g. "default+lowp"; unset means save_states only). ``variant`` (a string
     like "lowp+fastwy+sbv=64", see ``options.py``) replaces the environment variable for this call.
     """
     opts = resolve_options(save_states, lowp, variant)

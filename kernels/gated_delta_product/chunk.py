@@ -5,7 +5,7 @@ fake implementations) and carry the autograd rule, so the op composes with FSDP2
 checkpointing like any aten op. Without ``save_states`` the forward saves T = (I + A)⁻¹, W and U and the
 backward recomputes the chunk states (cheaper in memory than keeping [chunks, K, V] per head).
 
-Variants (``save_states`` and ``lowp`` are on by default, ``plain`` turns both off; see ``options.py``):
+Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns both off; see ``options.py``):
 * ``save_states``: the forward saves the chunk states and δ it computed anyway (instead of U), so the
   backward skips its sequential state pass — one launch and ~1.2 GB of traffic fewer at [4, 4096, 16, 128],
   n_h = 2 — for [chunks, H, K, V] more activation memory (V/64 times the size of k: 2× at V = 128).

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy")
-# Measured on an H200 (docs/benchmarks.md, 2026-11-21): fwd+bwd 5.955 -> 3.869 ms at [4,4096,16,128], n_h = 2,
-# and both passed the GPU tests at the tolerances. lowp changes nothing for fp32 inputs.
-DEFAULT_FLAGS = ("save_states", "lowp")
+# save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
+# an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
+# it failed 3 of the default path's GPU tests at the tolerances (K = 64 without gate at n_h = 2
+# and 4, gates near 1), although its own K = V = 128 test passed.
+DEFAULT_FLAGS = ("save_states",)
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

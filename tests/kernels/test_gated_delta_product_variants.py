@@ -1,4 +1,4 @@
-"""Variants of the Triton Gated DeltaProduct kernels (``save_states``, ``lowp``; both on by default) vs fp64.
+"""Variants of the Triton Gated DeltaProduct kernels (``save_states``: on by default; ``lowp``) vs fp64.
 
 ``save_states`` must give bitwise the results of the ``plain`` path (it only skips a deterministic
 recomputation); ``lowp`` stores intermediates in the input dtype, so on the CPU interpreter it is checked
@@ -123,7 +123,7 @@ def test_environment_switch_reaches_the_public_op(monkeypatch):
     from titan_delta.ops import gated_delta_product
 
     monkeypatch.delenv(api.VARIANT_ENV, raising=False)
-    assert api.resolve_variant(None, None) == (True, True)  # the default: save_states + lowp
+    assert api.resolve_variant(None, None) == (True, False)  # the default: save_states
     monkeypatch.setenv(api.VARIANT_ENV, "plain")
     assert api.resolve_variant(None, None) == (False, False)
     monkeypatch.setenv(api.VARIANT_ENV, "save_states+lowp")

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from titan_delta.testing import assert_rel_close
-from titan_delta_kernels.gated_delta_product import api, chunk, gated_delta_product_triton
+from titan_delta_kernels.gated_delta_product import api, gated_delta_product_triton
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, random_cu_seqlens
-from .test_gated_delta_product_variants import FP16_TOL, poisoned_allocations
+from .test_gated_delta_product_variants import FP16_TOL, check_poisoned
 
 ISSUE_TOL = (5e-3, 1e-2, 2e-2)
 
@@ -62,19 +62,7 @@ def test_fastwy_varlen_lowp_poisoned(monkeypatch):
     cu = torch.tensor([0, 1, 17, 17, 29], dtype=torch.int32)
     inputs = make_inputs(1, 29, 2, 16, 32, 3, num_seqs=4, dtype=torch.float16)
     kernel = variant_kernel("save_states+lowp+fastwy+sbv=16+sstages=1+gwarps=4+wywarps=2")
-
-    def poisoned_kernel(*args, **kwargs):
-        with poisoned_allocations(monkeypatch):
-            return kernel(*args, **kwargs)
-
-    real_bwd = chunk.gdp_chunk_bwd
-
-    def poisoned_bwd(*args, **kwargs):
-        with poisoned_allocations(monkeypatch):
-            return real_bwd(*args, **kwargs)
-
-    monkeypatch.setattr(chunk, "gdp_chunk_bwd", poisoned_bwd)
-    check_against_reference(inputs, 3, cu, *FP16_TOL, kernel=poisoned_kernel)
+    check_poisoned(kernel, inputs, 3, cu, FP16_TOL, monkeypatch)
 
 
 def test_fastwy_varlen_fp32_random_documents():

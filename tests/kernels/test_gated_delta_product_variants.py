@@ -66,6 +66,25 @@ def poisoned_allocations(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
+def check_poisoned(kernel: Callable, inputs: dict, n_h: int, cu_seqlens: torch.Tensor | None,
+                   tols: tuple[float, float, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_against_reference`` with every allocation of both custom ops NaN-poisoned (the backward runs
+    outside the forward's block, so its Python body is wrapped too)."""
+
+    def poisoned_kernel(*args, **kwargs):
+        with poisoned_allocations(monkeypatch):
+            return kernel(*args, **kwargs)
+
+    real_bwd = chunk.gdp_chunk_bwd
+
+    def poisoned_bwd(*args, **kwargs):
+        with poisoned_allocations(monkeypatch):
+            return real_bwd(*args, **kwargs)
+
+    monkeypatch.setattr(chunk, "gdp_chunk_bwd", poisoned_bwd)
+    check_against_reference(inputs, n_h, cu_seqlens, *tols, kernel=poisoned_kernel)
+
+
 @pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 21, True), (2, 19, True), (3, 23, True), (3, 9, False)])
 def test_save_states_matches_reference(n_h, T, gated):
     inputs = make_inputs(2, T, 2, 16, 32, n_h, gated=gated)
@@ -145,21 +164,7 @@ def test_poisoned_allocations_are_fully_overwritten(monkeypatch):
     """Every buffer the kernels allocate starts as NaN: outputs, saved states, W/U/δ in fp16, gradients."""
     cu = torch.tensor([0, 1, 17, 17, 29], dtype=torch.int32)
     inputs = make_inputs(1, 29, 2, 16, 16, 3, num_seqs=4, dtype=torch.float16)
-    kernel = variant_kernel("save_states+lowp")
-
-    def poisoned_kernel(*args, **kwargs):
-        with poisoned_allocations(monkeypatch):
-            return kernel(*args, **kwargs)
-
-    # The backward runs outside the block, so wrap the backward custom op's Python body too.
-    real_bwd = chunk.gdp_chunk_bwd
-
-    def poisoned_bwd(*args, **kwargs):
-        with poisoned_allocations(monkeypatch):
-            return real_bwd(*args, **kwargs)
-
-    monkeypatch.setattr(chunk, "gdp_chunk_bwd", poisoned_bwd)
-    check_against_reference(inputs, 3, cu, *FP16_TOL, kernel=poisoned_kernel)
+    check_poisoned(variant_kernel("save_states+lowp"), inputs, 3, cu, FP16_TOL, monkeypatch)
 
 
 def test_variant_fake_shapes_and_compile():

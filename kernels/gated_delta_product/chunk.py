@@ -15,6 +15,9 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
 * ``lowp``: W, U, δ and the backward's per-step intermediates are stored in the input dtype (bf16 in
   training, as FLA does) and the state passes and S·δ products multiply in it: half the bytes of those
   tensors, less shared memory and fewer registers; results move at rounding level (identical for fp32).
+* ``lowp_safe`` (an ``options`` flag): ``lowp`` without W and U: δ and the backward's per-step
+  intermediates in the input dtype, W and U in fp32 and so the state passes' products as by default
+  (they follow W's dtype). With ``lowp`` on as well, ``lowp`` wins.
 """
 
 from __future__ import annotations
@@ -60,7 +63,10 @@ def gdp_chunk_fwd(
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     transform = wy_fwd_fast if opts.fastwy else wy_fwd
     t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
-    chunk_states, v_new, final_state = state_fwd(k, w, u, g, initial_state, geo, seqs, **_state_launch(opts))
+    chunk_states, v_new, final_state = state_fwd(
+        k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
+        **_state_launch(opts),
+    )  # fmt: skip
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs)
     return o, final_state, t_inv, w, u, chunk_states, v_new
 
@@ -77,7 +83,8 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_
     t_inv = k.new_empty(*k.shape[:3], geo.block_steps)
     w = torch.empty_like(k, dtype=_inter_dtype(k, lowp))
     u = torch.empty_like(v, dtype=_inter_dtype(k, lowp))
-    return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), torch.empty_like(u)
+    v_new = torch.empty_like(v, dtype=_inter_dtype(k, lowp or parse_options(options).lowp_safe))
+    return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), v_new
 
 
 @torch.library.custom_op("titan_delta::gdp_chunk_bwd", mutates_args=())
@@ -103,18 +110,20 @@ def gdp_chunk_bwd(
     """Returns (dq, dk, dv, dg — empty when g is None —, dβ, ∂L/∂initial_state fp32).
 
     Given the forward's chunk states and δ (``save_states``) it uses them; otherwise it recomputes both
-    from U. Intermediates follow W's dtype (fp32, or the input dtype with ``lowp``).
+    from U. Intermediates follow W's dtype (fp32, or the input dtype with ``lowp``), or are in the input
+    dtype with ``lowp_safe``.
     """
     opts = parse_options(options)
     launch = _state_launch(opts)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
+    inter = k.dtype if opts.lowp_safe else w.dtype
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
-        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, **launch)
-    d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=w.dtype)
+        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, delta_dtype=inter, **launch)
+    d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
         **launch,

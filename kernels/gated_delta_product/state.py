@@ -145,16 +145,19 @@ def state_fwd(
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    delta_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ like u, final state [N,H,K,V] fp32).
+    """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
-    ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them).
+    ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
+    in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
+    the products of the pass follow W's dtype either way.
     """
     _, _, H, K = k.shape
     V = u.shape[-1]
     BK, BV = _blocks(K, V, block_v)
     chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
-    v_new = torch.empty_like(u)
+    v_new = torch.empty_like(u, dtype=delta_dtype or u.dtype)
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, triton.cdiv(V, BV))
     state_fwd_kernel[grid](

@@ -14,8 +14,8 @@ out="${OUT:-gpu_proof_out}"
 mkdir -p "$out"
 read -r t_fast t_var t_def t_brk t_ours t_fla t_sweep <<<"${GDP_LIMITS:-70 70 95 70 70 105 45}"
 # 'default' = save_states; 'plain' = neither; lowp is opt-in (options.py)
-ours_variants="plain,default,default+lowp,default+lowp+fastwy+wywarps=2"
-fla_variants="${GDP_FLA_VARIANTS:-default,default+lowp}"
+ours_variants="plain,default,default+lowp_safe,default+lowp,default+lowp+fastwy+wywarps=2"
+fla_variants="${GDP_FLA_VARIANTS:-default+lowp_safe,default+lowp}"
 shapes="4x4096x16x128,8x2048x16x64"
 bench=(python3 tools/bench_gated_delta_product.py)
 tests=(python3 -m pytest -q -m gpu -rA -p no:cacheprovider)
@@ -34,7 +34,8 @@ step() {  # step LIMIT LOG CMD...: run CMD under timeout, log everything, say ho
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gdp_device.txt"
 # 1. Tests: the new variant first, then the older variants, then the default path.
 step "$t_fast" gdp_tests_fast.log "${tests[@]}" tests/kernels/test_gated_delta_product_fast.py
-step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py
+step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py \
+  tests/kernels/test_gated_delta_product_lowp_error.py
 step "$t_def" gdp_tests_default.log "${tests[@]}" tests/kernels/test_gated_delta_product_triton.py
 # 2. Ours only (no FLA autotuning): stages at n_h = 2 (both shapes) and n_h = 1, then every variant's table.
 TAIL=80 step "$t_brk" gdp_breakdown.md "${bench[@]}" --no-table --variants "$ours_variants" \

@@ -33,18 +33,22 @@ def from_seed(seed_checkpoint: Path) -> list[str]:
     return ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed_checkpoint)]
 
 
-@pytest.fixture(scope="session")
-def fsdp_run(runs_root: Path, seed_checkpoint: Path) -> tuple[Path, str]:
-    """FSDP × 2 via the single-node launcher: 6 steps, async checkpoints every 2, keep the latest 2."""
-    dump = runs_root / "fsdp2"
-    args = [
+def checkpointed_fsdp_args(seed_checkpoint: Path) -> list[str]:
+    """The FSDP × 2 run that the resume test repeats: from the seed, 6 steps, checkpoints every 2, keep 2."""
+    return [
         *from_seed(seed_checkpoint),
         "--training.local_batch_size", "2",
         "--training.steps", str(STEPS_LONG),
         "--checkpoint.interval", "2",
         "--checkpoint.keep_latest_k", "2",
-        "--checkpoint.async_mode", "async",
     ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def fsdp_run(runs_root: Path, seed_checkpoint: Path) -> tuple[Path, str]:
+    """FSDP × 2 via the single-node launcher: 6 steps, async checkpoints every 2, keep the latest 2."""
+    dump = runs_root / "fsdp2"
+    args = [*checkpointed_fsdp_args(seed_checkpoint), "--checkpoint.async_mode", "async"]
     return dump, train(dump, args, nproc=2)
 
 

@@ -38,16 +38,22 @@ def test_fsdp_matches_single_process(single_run, fsdp_run) -> None:
     assert "Applied FSDP" in fsdp_run[1]
 
 
-def test_ddp_matches_single_process(runs_root, seed_checkpoint, single_run) -> None:
-    dump = runs_root / "ddp2"
+def _data_parallel_run(dump: Path, seed_checkpoint: Path, local_batch: int, replicate: int, shard: int,
+                       nproc: int) -> str:
+    """Two steps from the seed on a (replicate, shard) data-parallel mesh of ``nproc`` processes."""
     args = [
         *from_seed(seed_checkpoint),
-        "--training.local_batch_size", "2",
+        "--training.local_batch_size", str(local_batch),
         "--training.steps", "2",
-        "--parallelism.data_parallel_replicate_degree", "2",
-        "--parallelism.data_parallel_shard_degree", "1",
+        "--parallelism.data_parallel_replicate_degree", str(replicate),
+        "--parallelism.data_parallel_shard_degree", str(shard),
     ]  # fmt: skip
-    output = train(dump, args, nproc=2)
+    return train(dump, args, nproc=nproc)
+
+
+def test_ddp_matches_single_process(runs_root, seed_checkpoint, single_run) -> None:
+    dump = runs_root / "ddp2"
+    output = _data_parallel_run(dump, seed_checkpoint, local_batch=2, replicate=2, shard=1, nproc=2)
     assert "Applied DDP" in output
     _assert_same("DDP x2", _first_steps(dump), _first_steps(single_run[0]))
 
@@ -55,13 +61,6 @@ def test_ddp_matches_single_process(runs_root, seed_checkpoint, single_run) -> N
 @pytest.mark.slow
 def test_hsdp_matches_single_process(runs_root, seed_checkpoint, single_run) -> None:
     dump = runs_root / "hsdp"
-    args = [
-        *from_seed(seed_checkpoint),
-        "--training.local_batch_size", "1",
-        "--training.steps", "2",
-        "--parallelism.data_parallel_replicate_degree", "2",
-        "--parallelism.data_parallel_shard_degree", "2",
-    ]  # fmt: skip
-    output = train(dump, args, nproc=4)
+    output = _data_parallel_run(dump, seed_checkpoint, local_batch=1, replicate=2, shard=2, nproc=4)
     assert "Applied HSDP over mesh (2, 2)" in output
     _assert_same("HSDP 2x2", _first_steps(dump), _first_steps(single_run[0]))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from tests.trainer.conftest import STEPS_LONG, from_seed
+from tests.trainer.conftest import checkpointed_fsdp_args
 from tests.trainer.helpers import DEBUG_CONFIG, scalars, train, train_until
 from titan_delta.trainer.checkpoint import COMPLETE_MARKER, list_checkpoint_dirs
 from tools.export_checkpoint import export
@@ -33,13 +33,7 @@ def _fabricate_torn(folder: Path, source_step: int, torn_step: int) -> Path:
 def test_kill_and_resume_matches_uninterrupted(runs_root, seed_checkpoint, fsdp_run, tmp_path) -> None:
     reference_dump, _ = fsdp_run
     dump = runs_root / "killed"
-    args = [
-        *from_seed(seed_checkpoint),
-        "--training.local_batch_size", "2",
-        "--training.steps", str(STEPS_LONG),
-        "--checkpoint.interval", "2",
-        "--checkpoint.keep_latest_k", "2",
-    ]  # fmt: skip
+    args = checkpointed_fsdp_args(seed_checkpoint)
     train_until(dump, args, nproc=2, marker="step:  5")
     folder = dump / "checkpoint"
     assert [c.step for c in list_checkpoint_dirs(str(folder)) if c.complete] == [2, 4]

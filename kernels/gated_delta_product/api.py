@@ -17,7 +17,6 @@ from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.options import (
     FLAGS,
     GdpOptions,
-    check_tokens,
     parse_options,
     split_tokens,
 )
@@ -33,9 +32,7 @@ def parse_variant(text: str) -> frozenset[str]:
     """'default', a flag, a ``key=N`` launch override or a '+'/','-joined combination -> the set of tokens
     (validated; see ``options.py``)."""
     parse_options(text)  # full validation, known-bad launch combinations included
-    names = split_tokens(text)
-    check_tokens(names)
-    return frozenset(names)
+    return frozenset(split_tokens(text))
 
 
 def resolve_variant(save_states: bool | None, lowp: bool | None) -> tuple[bool, bool]:
@@ -43,11 +40,8 @@ def resolve_variant(save_states: bool | None, lowp: bool | None) -> tuple[bool, 
     reaches callers that go through ``titan_delta.ops``; under torch.compile it is read when tracing, so
     set it before the first compiled step); otherwise the default (``save_states`` on, ``lowp`` off;
     ``plain`` turns both off)."""
-    from_env = parse_variant(os.environ.get(VARIANT_ENV, ""))
-    return (
-        "save_states" in from_env if save_states is None else save_states,
-        "lowp" in from_env if lowp is None else lowp,
-    )
+    opts = resolve_options(save_states, lowp, None)
+    return opts.save_states, opts.lowp
 
 
 def resolve_options(save_states: bool | None, lowp: bool | None, variant: str | None) -> GdpOptions:

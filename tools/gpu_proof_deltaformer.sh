@@ -12,6 +12,9 @@
 #   DF_TESTS=quick|full|none  quick (default): the variant tests + the main default-path tests (~3 min);
 #                             full: every gpu test of both files (~5.5 min: use with DF_BENCH=0)
 #   DF_TEST_TIMEOUT           seconds for the tests (default 240 quick, 400 full)
+#   DF_TEST_K                 pytest -k expression replacing the quick selection
+#   DF_TEST_VARIANT           variant spec the default-path tests run with (TITAN_DELTA_DF_VARIANT, tests
+#                             only: the bench's '' row stays the defaults)
 #   DF_BENCH=1|0              run the benchmark (default 1); DF_BENCH_TIMEOUT per shape (default 100 s)
 #   DF_WARM=1|0               compile the variants in parallel first (default 1); DF_WARM_TIMEOUT: the
 #                             warm-up's deadline in seconds after the start (default 220)
@@ -39,14 +42,14 @@ start=$SECONDS
 
 # Variant sweeps (docs/kernels_deltaformer.md). Since run 4 the defaults are the fused launch with
 # 64-row, 4-warp tiles; superblock 256 at T = 8192 and 512 at T = 2048. The leading '' row is the defaults;
-# the rest try keeping the inverses, the fused launch's tiles, the solves' tiles and value slices.
-export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|keepinv|keepinv,ptile=64:32:4:3|\
-keepinv,ptile=64:64:4:2|keepinv,ptile=128:64:4:3|keepinv,skeys=32|keepinv,sb=512|keepinv,vsplit=1|\
-keepinv,swarps=4,vsplit=4|unfused}"
-export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|keepinv|keepinv,vsplit=2|keepinv,ptile=128:64:8:3|\
-keepinv,vsplit=4|keepinv,ptile=64:32:4:3|keepinv,ptile=64:64:4:2|keepinv,ptile=64:64:8:3|keepinv,skeys=32|keepinv,sb=1024|unfused}"
-export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|keepinv}"
-export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|keepinv}"
+# the rest try the wavefront solves (fourth session): how many chunks a program waits for one by one, and
+# the warps and stages of its two launches.
+export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|wave|wave,defer=1|wave,defer=3|\
+wave,wtile=8:3:8:3|wave,wtile=4:2:4:2}"
+export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|wave|wave,defer=1|wave,defer=3|\
+wave,wtile=4:3:4:3|wave,wtile=8:2:8:2|wave,keepinv}"
+export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|wave}"
+export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|wave}"
 shapes="${DF_SHAPES:-2x8192x32x128 8x2048x16x64}"
 bench="${DF_BENCH:-1}"
 
@@ -77,9 +80,10 @@ if [ "$bench" = 1 ] && [ "${DF_WARM:-1}" = 1 ]; then
 fi
 
 tests="${DF_TESTS:-quick}"
-test_files=(tests/kernels/test_deltaformer_triton.py tests/kernels/test_deltaformer_variants.py)
+test_files=(tests/kernels/test_deltaformer_triton.py tests/kernels/test_deltaformer_variants.py
+            tests/kernels/test_deltaformer_wavefront.py)
 case "$tests" in
-  quick) select=(-k "variant or varlen or long_sequence or compile_fullgraph or (matches_fp32_reference and (1000 or 777))")
+  quick) select=(-k "${DF_TEST_K:-wave or variant or varlen or long_sequence or compile_fullgraph or (matches_fp32_reference and (1000 or 777))}")
          limit="${DF_TEST_TIMEOUT:-240}" ;;
   full) select=(); limit="${DF_TEST_TIMEOUT:-400}" ;;
   none) select=(); limit=0 ;;
@@ -87,7 +91,7 @@ case "$tests" in
 esac
 if [ "$tests" != none ]; then
   echo "== gpu tests ($tests, timeout ${limit}s)"
-  timeout --kill-after=10 "$limit" python3 -m pytest -m gpu -q -s -rA -p no:cacheprovider "${test_files[@]}" \
+  TITAN_DELTA_DF_VARIANT="${DF_TEST_VARIANT:-}" timeout --kill-after=10 "$limit" python3 -m pytest -m gpu -q -s -rA -p no:cacheprovider "${test_files[@]}" \
     "${select[@]}" 2>&1 | tee "$log_dir/gpu_tests.log" | tail -n 60
   echo "== tests: exit ${PIPESTATUS[0]} (124 = timed out) after $((SECONDS - start)) s"
 fi

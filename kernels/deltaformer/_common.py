@@ -41,6 +41,9 @@ class BlockConfig:
     prep_tiles: tuple[int, int, int, int] | None = None  # rows, keys, warps, stages of that launch
     keep_inverse: bool = False  # the forward hands its diagonal-block inverses to the backward
     solve_keys: int = 0  # key (row) tile of the sequential solves' inner loops; 0 = chunk
+    wavefront: bool = False  # one launch per solve, a program per (chunk, b, h), flags between them
+    wave_defer: int = 2  # key chunks a wavefront program takes one by one as they are solved
+    wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
 
     def __post_init__(self) -> None:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
@@ -60,6 +63,11 @@ class BlockConfig:
         if self.solve_keys and (self.solve_keys < 16 or self.solve_keys & (self.solve_keys - 1)):
             raise ValueError(f"BlockConfig.solve_keys must be 0 or a power of two >= 16, "
                              f"got {self.solve_keys}")
+        if self.wave_defer < 1:
+            raise ValueError(f"BlockConfig.wave_defer must be >= 1, got {self.wave_defer}")
+        wave = self.wave_tiles
+        if len(wave) != 4 or min(wave) < 1 or wave[0] & (wave[0] - 1) or wave[2] & (wave[2] - 1):
+            raise ValueError(f"BlockConfig.wave_tiles must be 4 positive ints (warps powers of two), got {wave}")
         prep = self.prep_tiles
         if prep is not None and (len(prep) != 4 or prep[0] % self.chunk or min(prep) < 1
                                  or any(s & (s - 1) for s in prep[:3])):
@@ -121,9 +129,11 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     # (with keepinv). Head dims above 128 keep the separate launches (the fused tiles are untried there).
     fused = width <= 128
     prep_tiles = (64, 64, 4, 3) if fused else None
+    # wavefront programs hold a chunk × Dv accumulator next to the inverse's three chunk² products
+    wave_tiles = (4, 2, 4, 2) if width <= 64 else (8, 2, 8, 2)
     return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
-                       col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles)
+                       col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles, wave_tiles=wave_tiles)
 
 
 def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
@@ -137,7 +147,7 @@ def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
 
 
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
-               "vsplit": "value_split"}
+               "vsplit": "value_split", "defer": "wave_defer"}
 
 
 def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
@@ -149,7 +159,9 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
     solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
     ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows), ``ptile=R:K:W:S`` (tiles of the fused
-    launch; rows a multiple of chunk)."""
+    launch; rows a multiple of chunk), ``wave`` (both solves as one wavefront launch each, ``wavefront.py``;
+    ``superblocks`` turns it off), ``defer=N`` (its key chunks taken one by one), ``wtile=W:S:W:S`` (its
+    warps and stages, forward then backward)."""
     changes: dict = {}
     for token in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = token.partition("=")
@@ -159,6 +171,12 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
                 changes["overlap"] = True
         elif name == "unfused" and not value:
             changes.update(fused_prep=False, overlap=False)
+        elif name == "wave" and not value:
+            changes["wavefront"] = True
+        elif name == "superblocks" and not value:
+            changes["wavefront"] = False
+        elif name == "wtile" and value:
+            changes["wave_tiles"] = _ints(value, 4, token)
         elif name in _INT_TOKENS and value:
             changes[_INT_TOKENS[name]] = _ints(value, 1, token)[0]
         elif name == "ptile" and value:

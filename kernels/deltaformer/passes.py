@@ -28,6 +28,7 @@ from titan_delta_kernels.deltaformer.prep import prep_superblock
 from titan_delta_kernels.deltaformer.rows import row_backward, row_forward
 from titan_delta_kernels.deltaformer.rowstats import score_cotangents, stage2_weights
 from titan_delta_kernels.deltaformer.solve import diag_inverse, solve_backward, solve_forward
+from titan_delta_kernels.deltaformer.wavefront import inverse_buffer, wave_backward, wave_forward
 
 
 def _superblocks(seq_len: int, size: int) -> list[tuple[int, int]]:
@@ -119,6 +120,8 @@ def forward_pass(
     x = q if w is None else w
     rows, _, solve = _settings(q.dtype, cfg)
     lse1 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
+    if cfg.wavefront:
+        return _wave_forward_pass(q, k, v, beta, w, doc_start, lse1, scale, cfg)
     if cfg.fused_prep:
         linv = new_buffer((B * H, -(-T // cfg.chunk), cfg.chunk, cfg.chunk), device=q.device,
                           dtype=torch.float32)
@@ -144,6 +147,28 @@ def forward_pass(
                 row_forward(x, k, u, lse1, partial, doc_start, scale=scale, strict=True, online=False,
                             row_base=lo, row_count=hi - lo, keys_before_base=True, **rows)
             solve_rows(lo, hi)
+    if w is None:
+        return o, u, pu, lse1, lse1.new_empty((B, H, 0)), linv
+    lse2 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
+    row_forward(q, k, u, lse2, o, doc_start, scale=scale, strict=False, online=True, **rows)
+    return o, u, pu, lse1, lse2, linv
+
+
+def _wave_forward_pass(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
+    doc_start: torch.Tensor | None, lse1: torch.Tensor, scale: float, cfg: BlockConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``forward_pass`` of the ``wave`` variant: one wavefront launch, then stage 2 when w is separate."""
+    B, T, H, _ = q.shape
+    rows, _, solve = _settings(q.dtype, cfg)
+    linv = inverse_buffer(B * H, T, cfg.chunk, q.device)
+    u = new_buffer(v.shape, device=v.device, dtype=v.dtype)
+    pu = new_buffer(v.shape, device=v.device, dtype=v.dtype)
+    o = new_buffer(v.shape, device=q.device, dtype=q.dtype)
+    warps, stages = cfg.wave_tiles[:2]
+    wave_forward(q if w is None else w, k, v, u, pu, o if w is None else None, beta, lse1, linv, doc_start,
+                 scale=scale, chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
+                 inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
     if w is None:
         return o, u, pu, lse1, lse1.new_empty((B, H, 0)), linv
     lse2 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
@@ -177,12 +202,17 @@ def backward_pass(
         dk2 = new_buffer(k.shape, **f32)
         src = new_buffer(v.shape, **f32)
         col_backward(q, k, u, do, lse2, d2, dk2, src, doc_start, doc_end, scale=scale, strict=False, **cols)
-    if linv is None:
-        linv = _inverses(x, k, beta, lse1, doc_start, scale, cfg, solve)
     g = new_buffer(v.shape, **f32)
     y = new_buffer(v.shape, **f32)
+    if cfg.wavefront:
+        warps, stages = cfg.wave_tiles[2:]
+        wave_backward(x, k, src, alpha, g, y, beta, lse1, linv, doc_start, doc_end, scale=scale,
+                      chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
+                      inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
+    elif linv is None:
+        linv = _inverses(x, k, beta, lse1, doc_start, scale, cfg, solve)
     partial = None
-    for lo, hi in reversed(_superblocks(T, cfg.superblock)):
+    for lo, hi in ([] if cfg.wavefront else reversed(_superblocks(T, cfg.superblock))):
         if hi < T:
             if partial is None:
                 partial = new_buffer(v.shape, **f32)

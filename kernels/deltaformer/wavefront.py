@@ -1,0 +1,305 @@
+"""Wavefront solves: the whole stage-1 solve in one launch, one program per (chunk, b, h) (variant ``wave``).
+
+The superblock schedule (``passes``) alternates parallel launches with sequential ones: at B·H = 128 the
+sequential solve runs one 4-warp program per SM, and every superblock adds a pair of launches. Here every
+chunk of every (b, h) is its own program, and programs of the same (b, h) hand solved rows on through
+flags in global memory:
+  * a program takes a *ticket* from an atomic counter and derives its chunk from it, chunk-major (the
+    forward counts chunks up, the backward down), so a program only ever waits for programs that took
+    earlier tickets — those are resident or finished, so the waits cannot deadlock, whatever order the
+    hardware starts programs in (the decoupled look-back trick of single-pass scans);
+  * the forward program of chunk c streams over the keys of chunks [j_lo, c − DEFER) after one wait (a
+    chunk's flag is set only after it waited for all earlier chunks of its rows, so one flag vouches for
+    all of them) as an online softmax with values, then over the last DEFER chunks and its diagonal
+    block for the normaliser only; it builds (I + β P_cc)⁻¹ while those chunks are still being solved,
+    waits for each of them, adds its P·U, solves its rows and sets its flag. Only ~DEFER key tiles and
+    the inverse's application sit on the critical path from one chunk to the next;
+  * the backward program of key chunk c does the same for the transposed system, walking later row
+    chunks, with the normalisers fixed by the forward.
+Inverses and the forward's accumulator are parked in transient scratch memory between the phases of a
+program (keeping them in registers spilled on sm_90 and cost occupancy, which the waits need: a spinning
+program should share its SM with programs that have work). Under Triton's CPU interpreter programs run
+one after the other in grid order, which is ticket order, so every wait finds its flag set.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
+from titan_delta_kernels.deltaformer.prep import _online_step
+from titan_delta_kernels.deltaformer.solve import unit_lower_inverse
+
+
+@triton.jit
+def _wait_for(FLAGS, index):
+    """Spin until flag ``index`` is set; acquire, so the rows its program stored before are visible."""
+    while tl.atomic_add(FLAGS + index, 0, sem="acquire") == 0:
+        pass
+
+
+@triton.jit
+def _raise_flag(FLAGS, index):
+    tl.debug_barrier()  # every thread's stores of this chunk are issued before the release
+    tl.atomic_xchg(FLAGS + index, 1, sem="release")
+
+
+@triton.jit
+def _wave_fwd_kernel(
+    X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, DOC_START,
+    T, H, BH, n_chunks, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
+    c = ticket // BH
+    pid_bh = ticket % BH
+    b = pid_bh // H
+    h = pid_bh % H
+    flags = FLAGS + pid_bh * n_chunks
+    offs = tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    d_ok = offs_d < D
+    v_ok = offs_v < DV
+    c0 = c * BT
+    rows = c0 + offs
+    row_ok = rows < T
+    wk_ptrs = ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :]
+    vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
+    vu_mask = row_ok[:, None] & v_ok[None, :]
+    x = tl.load(X + wk_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if VARLEN:
+        row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
+        j_lo = tl.load(DOC_START + c0) // BT
+    else:
+        j_lo = 0
+    j_def = tl.maximum(j_lo, c - DEFER)
+    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BT], dtype=tl.float32)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    if j_def > j_lo:
+        _wait_for(flags, j_def - 1)
+    for j in range(j_lo, j_def):  # long-solved chunks: online softmax with values
+        cols = j * BT + offs
+        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        allowed = row_ok[:, None] & (cols >= 0)[None, :]
+        if VARLEN:
+            allowed = allowed & (cols[None, :] >= row_doc[:, None])
+        m_i, l_i, corr, p = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
+        vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
+                       other=0.0, cache_modifier=".cg")
+        acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+    for j in range(j_def, c):  # chunks maybe still being solved: normaliser only, for now
+        cols = j * BT + offs
+        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        allowed = row_ok[:, None] & (cols >= 0)[None, :]
+        if VARLEN:
+            allowed = allowed & (cols[None, :] >= row_doc[:, None])
+        m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
+        acc = acc * corr[:, None]
+    k_c = tl.load(K + wk_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
+    if VARLEN:
+        in_block = in_block & (rows[None, :] >= row_doc[:, None])
+    m_new = tl.maximum(m_i, tl.max(tl.where(in_block, s_cc, float("-inf")), 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    corr = tl.exp2(m_i - m_use)
+    l_i = l_i * corr + tl.sum(tl.where(in_block, tl.exp2(s_cc - m_use[:, None]), 0.0), 1)
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse = tl.where(has_keys, m_use + tl.log2(l_safe), 0.0)
+    tl.store(LSE + pid_bh * T + rows, lse, mask=row_ok)
+    # The accumulator and the inverse go through scratch memory: holding either in registers while the
+    # other is built costs spills and occupancy (sm_90 compile: 255 registers and a stack at 4 warps).
+    tl.store(R + vu_ptrs, acc * (corr / l_safe)[:, None], mask=vu_mask)
+    beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    neg = -tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0) * beta[:, None]
+    inv_ptrs = LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :]
+    tl.store(inv_ptrs, unit_lower_inverse(neg, BT, LOG2_BT, INV_PREC))
+    tl.debug_barrier()  # the loads below may map elements to other threads than these stores
+    acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0)
+    for i in tl.static_range(DEFER):  # the last DEFER chunks, each as soon as it is solved
+        j = c - DEFER + i
+        if j >= j_lo:
+            _wait_for(flags, j)
+            cols = j * BT + offs
+            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                         other=0.0)
+            allowed = row_ok[:, None] & (cols >= 0)[None, :]
+            if VARLEN:
+                allowed = allowed & (cols[None, :] >= row_doc[:, None])
+            s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+            p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
+                           other=0.0, cache_modifier=".cg")
+            acc += tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+    v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
+    u_c = tl.dot(tl.load(inv_ptrs), v - beta[:, None] * acc, input_precision=INV_PREC)
+    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale  # again: cheaper than holding it
+    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
+    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
+    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
+    if FUSED_OUT:  # w = q: o = α·PU + (1 − α)·U, α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``)
+        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
+        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
+        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
+        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)
+
+
+@triton.jit
+def _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + P[rows of chunk j, cols]ᵀ · Y[rows of chunk j] (keys of this program against a later chunk)."""
+    rows = j * BT + tl.arange(0, BT)
+    row_ok = rows < t_hi
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    w = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
+    y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
+                mask=row_ok[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
+    st = tl.dot(kt, tl.trans(w), input_precision=DOT_PREC) * qk_scale  # [keys, rows]
+    allowed = row_ok[None, :] & (cols >= 0)[:, None]
+    if VARLEN:
+        row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
+        allowed = allowed & (row_doc[None, :] <= cols[:, None])
+    pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
+    return acc + tl.dot(pt.to(kt.dtype), y.to(kt.dtype), input_precision=DOT_PREC)
+
+
+@triton.jit
+def _wave_bwd_kernel(
+    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END,
+    T, H, BH, n_chunks, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_INV: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
+    c = n_chunks - 1 - ticket // BH
+    pid_bh = ticket % BH
+    b = pid_bh // H
+    h = pid_bh % H
+    flags = FLAGS + pid_bh * n_chunks
+    offs = tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    d_ok = offs_d < D
+    c0 = c * BT
+    cols = c0 + offs
+    col_ok = cols < T
+    wk_ptrs = ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :]
+    gy_ptrs = ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :]
+    gy_mask = col_ok[:, None] & (offs_v < DV)[None, :]
+    kt = tl.load(K + wk_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    w_c = tl.load(X + wk_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    lse_c = tl.load(LSE + pid_bh * T + cols, mask=col_ok, other=0.0)
+    beta = tl.load(BETA + (b * T + cols) * H + h, mask=col_ok, other=0.0).to(tl.float32)
+    in_block = (offs[None, :] < offs[:, None]) & col_ok[:, None]  # [rows, keys] of this chunk
+    if VARLEN:
+        doc_c = tl.load(DOC_START + cols, mask=col_ok, other=0)
+        in_block = in_block & (cols[None, :] >= doc_c[:, None])
+    inv_ptrs = LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :]
+    if not HAS_INV:  # built first and parked in scratch memory: the key loop needs the registers
+        s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+        neg = -tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0) * beta[:, None]
+        tl.store(inv_ptrs, unit_lower_inverse(neg, BT, LOG2_BT, INV_PREC))
+        tl.debug_barrier()
+    t_hi = tl.minimum(T, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else T
+    j_last = (t_hi - 1) // BT
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    if c + DEFER + 1 <= j_last:
+        _wait_for(flags, c + DEFER + 1)
+    for j in range(c + DEFER + 1, j_last + 1):  # long-solved later chunks
+        acc = _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                              D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+    for i in tl.static_range(DEFER):  # the next DEFER chunks, each as soon as it is solved
+        j = c + DEFER - i
+        if j <= j_last:
+            _wait_for(flags, j)
+            acc = _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                                  D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+    src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    if HAS_ALPHA:  # the α-weighted part of dO reaches U through (P U) of this chunk too (see ``solve``)
+        s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+        p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
+        alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
+        weighted = alpha[:, None] * src
+        rhs = src - weighted + acc + tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype),
+                                            input_precision=DOT_PREC)
+    else:
+        weighted = tl.zeros([BT, BV], dtype=tl.float32)
+        rhs = src + acc
+    g_c = tl.dot(tl.trans(tl.load(inv_ptrs)), rhs, input_precision=INV_PREC)
+    tl.store(G + gy_ptrs, g_c, mask=gy_mask)
+    tl.store(Y + gy_ptrs, weighted - beta[:, None] * g_c, mask=gy_mask)
+    _raise_flag(flags, c)
+
+
+def _flags(batch_heads: int, n_chunks: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 flags, one per (b, h, chunk), and the ticket counter after them."""
+    return torch.zeros(batch_heads * n_chunks + 1, device=device, dtype=torch.int32)
+
+
+def inverse_buffer(batch_heads: int, seq_len: int, chunk: int, device: torch.device) -> torch.Tensor:
+    """fp32 [B·H, n_chunks, chunk, chunk]: the wavefront kernels park the diagonal-block inverses here."""
+    return new_buffer((batch_heads, triton.cdiv(seq_len, chunk), chunk, chunk), device=device,
+                      dtype=torch.float32)
+
+
+def wave_forward(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
+    o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
+    doc_start: torch.Tensor | None, *, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
+    num_warps: int, num_stages: int,
+) -> None:
+    """The whole stage-1 forward: lse (fp32 [B, H, T]), U and P·U in place, o when given (w = q), and the
+    diagonal-block inverses in ``linv`` (``inverse_buffer``)."""
+    B, T, H, D = x.shape
+    DV = v.shape[-1]
+    n_chunks = triton.cdiv(T, chunk)
+    flags = _flags(B * H, n_chunks, x.device)
+    scratch = new_buffer(v.shape, device=v.device, dtype=torch.float32)
+    _wave_fwd_kernel[(n_chunks * B * H,)](
+        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scratch, flags,
+        doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, scale * LOG2_E,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
+        LOG2_BT=chunk.bit_length() - 1, DEFER=defer, FUSED_OUT=o is not None,
+        VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+def wave_backward(
+    x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
+    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor | None,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, scale: float, chunk: int, defer: int,
+    dot_prec: str, inv_prec: str, num_warps: int, num_stages: int,
+) -> None:
+    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place. The inverses are rebuilt
+    (into a transient buffer) unless the forward kept them (``linv``)."""
+    B, T, H, D = x.shape
+    DV = src.shape[-1]
+    n_chunks = triton.cdiv(T, chunk)
+    flags = _flags(B * H, n_chunks, x.device)
+    kept = linv is not None
+    if linv is None:
+        linv = inverse_buffer(B * H, T, chunk, x.device)
+    _wave_bwd_kernel[(n_chunks * B * H,)](
+        x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
+        flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
+        T, H, B * H, n_chunks, scale * LOG2_E,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
+        LOG2_BT=chunk.bit_length() - 1, DEFER=defer, HAS_ALPHA=alpha is not None, HAS_INV=kept,
+        VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
+        num_stages=num_stages,
+    )

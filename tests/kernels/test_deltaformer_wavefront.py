@@ -1,0 +1,142 @@
+"""The ``wave`` variant: both stage-1 solves as one wavefront launch each (``kernels/deltaformer/wavefront.py``).
+
+CPU (CI): Triton's interpreter against the fp64 oracle, at lengths long enough that programs take the
+main (already solved) key loop as well as the DEFER chunks they wait for one by one; varlen with empty and
+one-token documents, separate probe, kept inverses, several (b, h) sharing the ticket counter. GPU
+(``gpu`` marker): bf16 at real shapes against the fp32 reference, bitwise repeatability (a missed wait
+would show up as run-to-run differences), no host synchronisation, and agreement with the superblock path
+on a grid with far more programs than fit on the GPU at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.test_deltaformer_triton import _gpu_check, _grads, _make, check_against_oracle
+from titan_delta.testing import rel_rms_error
+from titan_delta_kernels.deltaformer import deltaformer_attn_triton
+from titan_delta_kernels.deltaformer._common import BlockConfig, apply_variant
+
+
+@pytest.fixture(autouse=True)
+def _poison_kernel_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TITAN_DELTA_POISON", "1")
+    monkeypatch.delenv("TITAN_DELTA_DF_VARIANT", raising=False)
+
+
+CPU_CASES = {
+    # name: (variant, B, T, H, D, Dv, separate_w, cu_seqlens); interpreter chunks are 16 rows
+    "long_two_heads": ("wave", 2, 100, 2, 16, 16, False, None),
+    "varlen_sep_w_defer1": ("wave,defer=1", 1, 101, 1, 16, 16, True, [0, 3, 50, 50, 101]),
+    "varlen_keepinv_chunk32": ("wave,keepinv,defer=3,chunk=32", 1, 90, 1, 16, 32, False, [0, 33, 34, 90]),
+    "one_token_documents": ("wave", 1, 70, 1, 16, 16, False, [0, 1, 2, 40, 41, 70]),
+    "wide_values_sep_w": ("wave,keepinv", 1, 67, 2, 16, 32, True, None),
+    "single_token": ("wave", 1, 1, 1, 16, 16, False, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CPU_CASES))
+def test_wave_matches_fp64_oracle(case: str) -> None:
+    variant, *shape = CPU_CASES[case]
+    check_against_oracle(*shape, variant=variant)
+
+
+def test_wave_launches_no_superblock_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``wave`` neither pass may fall back to the superblock launches or the separate inverses."""
+    from titan_delta_kernels.deltaformer import passes
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("a launch that the wavefront replaces ran")
+
+    for name in ("_inverses", "solve_forward", "solve_backward", "prep_superblock"):
+        monkeypatch.setattr(passes, name, forbidden)
+    check_against_oracle(1, 60, 1, 16, 16, False, None, variant="wave")
+
+
+def test_wave_tokens_parse_and_reject() -> None:
+    base = BlockConfig(chunk=64, superblock=512, value_split=1, num_warps=4, num_stages=2)
+    cfg = apply_variant(base, "wave,defer=3,wtile=8:3:4:1")
+    assert (cfg.wavefront, cfg.wave_defer, cfg.wave_tiles) == (True, 3, (8, 3, 4, 1))
+    assert apply_variant(cfg, "superblocks").wavefront is False
+    for bad in ("wave=1", "defer=0", "wtile=8:3", "wtile=6:2:4:2"):
+        with pytest.raises(ValueError):
+            apply_variant(base, bad)
+
+
+def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
+    from titan_delta_kernels.deltaformer.op import _fwd
+
+    q, k, v, beta, _ = _make(1, 40, 1, 16, 16, separate_w=False, dtype=torch.float32, device="cpu")
+    leaves = tuple(x.clone().requires_grad_(True) for x in (q, k, v, beta))
+    torch.library.opcheck(_fwd, (*leaves, None, None, 0.25, "wave,keepinv"))
+
+    def block(q, k, v, beta):
+        return deltaformer_attn_triton(q, k, torch.tanh(v), beta, scale=0.25, variant="wave")
+
+    d_out = torch.randn(1, 40, 1, 16)
+    eager, eager_grads = _grads(block, [q, k, v, beta], d_out)
+    out, grads = _grads(torch.compile(block, fullgraph=True, backend="aot_eager"), [q, k, v, beta], d_out)
+    assert rel_rms_error(out, eager) <= 1e-6
+    assert all(rel_rms_error(a, b) <= 1e-6 for a, b in zip(grads, eager_grads, strict=True))
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", GPU_WAVE_VARIANTS)
+@pytest.mark.parametrize(("B", "T", "H", "D"), [(2, 1000, 4, 64), (1, 777, 3, 128), (1, 2048, 2, 128)])
+def test_gpu_wave_matches_fp32_reference(variant: str, B, T, H, D, monkeypatch) -> None:
+    monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", variant)
+    errors = _gpu_check(B, T, H, D, separate_w=False, dtype=torch.bfloat16)
+    print(f"[{B},{T},{H},{D}] {variant}: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+
+
+@pytest.mark.gpu
+def test_gpu_wave_varlen_separate_w(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", "wave")
+    errors = _gpu_check(1, 3000, 2, 64, separate_w=True, dtype=torch.bfloat16,
+                        cu=[0, 1, 700, 700, 1777, 2900, 3000])
+    print("varlen bf16 wave, separate w: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+
+
+def _wave_run(B: int, T: int, H: int, D: int, variant: str, cu: torch.Tensor | None = None, seed: int = 0):
+    torch.manual_seed(seed)
+    q, k, v, beta, _ = _make(B, T, H, D, D, separate_w=False, dtype=torch.bfloat16, device="cuda")
+    d_out = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, beta)]
+    out = deltaformer_attn_triton(*leaves, scale=D**-0.5, cu_seqlens=cu, variant=variant)
+    out.backward(d_out)
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("B", "T", "H", "D"), [(8, 2048, 16, 64), (2, 4096, 16, 128)])
+def test_gpu_wave_is_bitwise_repeatable_and_matches_superblocks(B, T, H, D) -> None:
+    """Thousands of programs, many more than are resident at once: every run gives the same bits (each
+    program sums in a fixed order, so a read of rows before their flag was set would show as a
+    difference), and the result agrees with the superblock schedule."""
+    first = _wave_run(B, T, H, D, "wave")
+    for _ in range(2):
+        again = _wave_run(B, T, H, D, "wave")
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    blocks = _wave_run(B, T, H, D, "superblocks")
+    names = ("o", "dq", "dk", "dv", "dbeta")
+    errors = {n: rel_rms_error(a.float(), b.float()) for n, a, b in zip(names, first, blocks, strict=True)}
+    print(f"[{B},{T},{H},{D}] wave vs superblocks: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+    assert all(e <= 1e-2 for e in errors.values())
+
+
+@pytest.mark.gpu
+def test_gpu_wave_does_not_synchronise_with_host() -> None:
+    cu = torch.tensor([0, 300, 1024], dtype=torch.int32, device="cuda")
+    _wave_run(1, 1024, 2, 64, "wave", cu)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _wave_run(1, 1024, 2, 64, "wave", cu)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

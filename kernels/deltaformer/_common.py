@@ -67,7 +67,8 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.wave_defer must be >= 1, got {self.wave_defer}")
         wave = self.wave_tiles
         if len(wave) != 4 or min(wave) < 1 or wave[0] & (wave[0] - 1) or wave[2] & (wave[2] - 1):
-            raise ValueError(f"BlockConfig.wave_tiles must be 4 positive ints (warps powers of two), got {wave}")
+            raise ValueError(f"BlockConfig.wave_tiles must be 4 positive ints (warps powers of two), "
+                             f"got {wave}")
         prep = self.prep_tiles
         if prep is not None and (len(prep) != 4 or prep[0] % self.chunk or min(prep) < 1
                                  or any(s & (s - 1) for s in prep[:3])):

@@ -85,7 +85,8 @@ def _wave_fwd_kernel(
         _wait_for(flags, j_def - 1)
     for j in range(j_lo, j_def):  # long-solved chunks: online softmax with values
         cols = j * BT + offs
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                     other=0.0)
         allowed = row_ok[:, None] & (cols >= 0)[None, :]
         if VARLEN:
             allowed = allowed & (cols[None, :] >= row_doc[:, None])
@@ -95,7 +96,8 @@ def _wave_fwd_kernel(
         acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     for j in range(j_def, c):  # chunks maybe still being solved: normaliser only, for now
         cols = j * BT + offs
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                     other=0.0)
         allowed = row_ok[:, None] & (cols >= 0)[None, :]
         if VARLEN:
             allowed = allowed & (cols[None, :] >= row_doc[:, None])

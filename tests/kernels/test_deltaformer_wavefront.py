@@ -1,4 +1,4 @@
-"""The ``wave`` variant: both stage-1 solves as one wavefront launch each (``kernels/deltaformer/wavefront.py``).
+"""The ``wave`` variant: each stage-1 solve as one wavefront launch (``kernels/deltaformer/wavefront.py``).
 
 CPU (CI): Triton's interpreter against the fp64 oracle, at lengths long enough that programs take the
 main (already solved) key loop as well as the DEFER chunks they wait for one by one; varlen with empty and

@@ -41,7 +41,10 @@ class BlockConfig:
     prep_tiles: tuple[int, int, int, int] | None = None  # rows, keys, warps, stages of that launch
     keep_inverse: bool = False  # the forward hands its diagonal-block inverses to the backward
     solve_keys: int = 0  # key (row) tile of the sequential solves' inner loops; 0 = chunk
-    wavefront: bool = False  # one launch per solve, a program per (chunk, b, h), flags between them
+    # wavefront solves, a program per (chunk, b, h) with flags between them: the forward as one launch
+    # ("full") or only inside each superblock ("superblock"); the backward as one launch
+    wave_forward: str = ""
+    wave_backward: bool = False
     wave_defer: int = 2  # key chunks a wavefront program takes one by one as they are solved
     wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
 
@@ -63,6 +66,9 @@ class BlockConfig:
         if self.solve_keys and (self.solve_keys < 16 or self.solve_keys & (self.solve_keys - 1)):
             raise ValueError(f"BlockConfig.solve_keys must be 0 or a power of two >= 16, "
                              f"got {self.solve_keys}")
+        if self.wave_forward not in ("", "full", "superblock"):
+            raise ValueError(f"BlockConfig.wave_forward must be '', 'full' or 'superblock', "
+                             f"got {self.wave_forward!r}")
         if self.wave_defer < 1:
             raise ValueError(f"BlockConfig.wave_defer must be >= 1, got {self.wave_defer}")
         wave = self.wave_tiles
@@ -147,6 +153,10 @@ def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
     return values
 
 
+# token: the wavefront fields it sets
+_WAVE_TOKENS = {"wave": {"wave_forward": "full", "wave_backward": True},
+                "wavesb": {"wave_forward": "superblock"}, "wavebwd": {"wave_backward": True},
+                "superblocks": {"wave_forward": "", "wave_backward": False}}
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
                "vsplit": "value_split", "defer": "wave_defer"}
 
@@ -160,9 +170,11 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
     solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
     ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows), ``ptile=R:K:W:S`` (tiles of the fused
-    launch; rows a multiple of chunk), ``wave`` (both solves as one wavefront launch each, ``wavefront.py``;
-    ``superblocks`` turns it off), ``defer=N`` (its key chunks taken one by one), ``wtile=W:S:W:S`` (its
-    warps and stages, forward then backward)."""
+    launch; rows a multiple of chunk), ``wave`` (both solves as one wavefront launch each, ``wavefront.py``),
+    ``wavesb`` (the superblock forward with a wavefront inside each superblock, ``superblock_wave.py``),
+    ``wavebwd`` (the backward as one wavefront launch), ``superblocks`` (no wavefront),
+    ``defer=N`` (key chunks a wavefront program takes one by one), ``wtile=W:S:W:S`` (warps and stages of
+    the wavefront launches, forward then backward)."""
     changes: dict = {}
     for token in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = token.partition("=")
@@ -172,10 +184,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
                 changes["overlap"] = True
         elif name == "unfused" and not value:
             changes.update(fused_prep=False, overlap=False)
-        elif name == "wave" and not value:
-            changes["wavefront"] = True
-        elif name == "superblocks" and not value:
-            changes["wavefront"] = False
+        elif name in _WAVE_TOKENS and not value:
+            changes.update(_WAVE_TOKENS[name])
         elif name == "wtile" and value:
             changes["wave_tiles"] = _ints(value, 4, token)
         elif name in _INT_TOKENS and value:

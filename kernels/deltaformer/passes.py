@@ -28,6 +28,7 @@ from titan_delta_kernels.deltaformer.prep import prep_superblock
 from titan_delta_kernels.deltaformer.rows import row_backward, row_forward
 from titan_delta_kernels.deltaformer.rowstats import score_cotangents, stage2_weights
 from titan_delta_kernels.deltaformer.solve import diag_inverse, solve_backward, solve_forward
+from titan_delta_kernels.deltaformer.superblock_wave import superblock_flags, superblock_wave_solve
 from titan_delta_kernels.deltaformer.wavefront import inverse_buffer, wave_backward, wave_forward
 
 
@@ -120,7 +121,7 @@ def forward_pass(
     x = q if w is None else w
     rows, _, solve = _settings(q.dtype, cfg)
     lse1 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
-    if cfg.wavefront:
+    if cfg.wave_forward == "full":
         return _wave_forward_pass(q, k, v, beta, w, doc_start, lse1, scale, cfg)
     if cfg.fused_prep:
         linv = new_buffer((B * H, -(-T // cfg.chunk), cfg.chunk, cfg.chunk), device=q.device,
@@ -134,7 +135,18 @@ def forward_pass(
     blocks = _superblocks(T, cfg.superblock)
     partial = new_buffer(v.shape, device=v.device, dtype=torch.float32) if len(blocks) > 1 else None
 
+    flags = superblock_flags(B * H, T, cfg.chunk, cfg.superblock, q.device) \
+        if cfg.wave_forward == "superblock" else None
+
     def solve_rows(lo: int, hi: int) -> None:
+        if flags is not None:
+            warps, stages = cfg.wave_tiles[:2]
+            superblock_wave_solve(x, k, v, u, pu, o if w is None else None, beta, lse1, linv,
+                                  partial if lo > 0 else None, doc_start, flags, row_lo=lo, row_hi=hi,
+                                  superblock=cfg.superblock, scale=scale, chunk=cfg.chunk,
+                                  defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
+                                  inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
+            return
         solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
                       doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)
 
@@ -204,7 +216,7 @@ def backward_pass(
         col_backward(q, k, u, do, lse2, d2, dk2, src, doc_start, doc_end, scale=scale, strict=False, **cols)
     g = new_buffer(v.shape, **f32)
     y = new_buffer(v.shape, **f32)
-    if cfg.wavefront:
+    if cfg.wave_backward:
         warps, stages = cfg.wave_tiles[2:]
         wave_backward(x, k, src, alpha, g, y, beta, lse1, linv, doc_start, doc_end, scale=scale,
                       chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
@@ -212,7 +224,7 @@ def backward_pass(
     elif linv is None:
         linv = _inverses(x, k, beta, lse1, doc_start, scale, cfg, solve)
     partial = None
-    for lo, hi in ([] if cfg.wavefront else reversed(_superblocks(T, cfg.superblock))):
+    for lo, hi in ([] if cfg.wave_backward else reversed(_superblocks(T, cfg.superblock))):
         if hi < T:
             if partial is None:
                 partial = new_buffer(v.shape, **f32)

@@ -33,6 +33,12 @@ CPU_CASES = {
     "one_token_documents": ("wave", 1, 70, 1, 16, 16, False, [0, 1, 2, 40, 41, 70]),
     "wide_values_sep_w": ("wave,keepinv", 1, 67, 2, 16, 32, True, None),
     "single_token": ("wave", 1, 1, 1, 16, 16, False, None),
+    # the wavefront inside each superblock (interpreter superblocks: 32 rows = 2 chunks unless widened)
+    "sb_long_two_heads": ("wavesb,wavebwd,sb=64", 2, 100, 2, 16, 16, False, None),
+    "sb_varlen_sep_w_defer1": ("wavesb,sb=64,defer=1", 1, 101, 1, 16, 16, True, [0, 3, 50, 50, 101]),
+    "sb_varlen_keepinv_unfused": ("wavesb,unfused,keepinv,sb=80", 1, 90, 1, 16, 32, False, [0, 33, 34, 90]),
+    "sb_single_token": ("wavesb", 1, 1, 1, 16, 16, False, None),
+    "backward_only_varlen": ("wavebwd,sb=64", 1, 75, 2, 16, 16, False, [0, 20, 21, 75]),
 }
 
 
@@ -54,11 +60,32 @@ def test_wave_launches_no_superblock_pass(monkeypatch: pytest.MonkeyPatch) -> No
     check_against_oracle(1, 60, 1, 16, 16, False, None, variant="wave")
 
 
+def test_wavesb_keeps_the_preparation_but_not_the_sequential_solves(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_delta_kernels.deltaformer import passes
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("a sequential solve ran under wavesb,wavebwd")
+
+    prepared = []
+    real_prep = passes.prep_superblock
+    monkeypatch.setattr(passes, "prep_superblock", lambda *a, **kw: prepared.append(1) or real_prep(*a, **kw))
+    for name in ("_inverses", "solve_forward", "solve_backward"):
+        monkeypatch.setattr(passes, name, forbidden)
+    check_against_oracle(1, 60, 1, 16, 16, False, None, variant="wavesb,wavebwd")
+    assert len(prepared) == 2  # 60 rows = two 32-row superblocks under the interpreter
+
+
 def test_wave_tokens_parse_and_reject() -> None:
     base = BlockConfig(chunk=64, superblock=512, value_split=1, num_warps=4, num_stages=2)
     cfg = apply_variant(base, "wave,defer=3,wtile=8:3:4:1")
-    assert (cfg.wavefront, cfg.wave_defer, cfg.wave_tiles) == (True, 3, (8, 3, 4, 1))
-    assert apply_variant(cfg, "superblocks").wavefront is False
+    assert (cfg.wave_forward, cfg.wave_backward) == ("full", True)
+    assert (cfg.wave_defer, cfg.wave_tiles) == (3, (8, 3, 4, 1))
+    assert (apply_variant(cfg, "superblocks").wave_forward, apply_variant(cfg, "superblocks").wave_backward) \
+        == ("", False)
+    assert (apply_variant(base, "wavesb").wave_forward, apply_variant(base, "wavesb").wave_backward) \
+        == ("superblock", False)
+    assert (apply_variant(base, "wavebwd").wave_forward, apply_variant(base, "wavebwd").wave_backward) \
+        == ("", True)
     for bad in ("wave=1", "defer=0", "wtile=8:3", "wtile=6:2:4:2"):
         with pytest.raises(ValueError):
             apply_variant(base, bad)
@@ -83,7 +110,7 @@ def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
 
 # ----------------------------------------------------------------------------------------------- GPU
 
-GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1"]
+GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wtile=4:3:4:3", "wavesb,keepinv"]
 
 
 @pytest.mark.gpu
@@ -114,19 +141,21 @@ def _wave_run(B: int, T: int, H: int, D: int, variant: str, cu: torch.Tensor | N
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["wave", "wavesb,wavebwd"])
 @pytest.mark.parametrize(("B", "T", "H", "D"), [(8, 2048, 16, 64), (2, 4096, 16, 128)])
-def test_gpu_wave_is_bitwise_repeatable_and_matches_superblocks(B, T, H, D) -> None:
+def test_gpu_wave_is_bitwise_repeatable_and_matches_superblocks(variant: str, B, T, H, D) -> None:
     """Thousands of programs, many more than are resident at once: every run gives the same bits (each
     program sums in a fixed order, so a read of rows before their flag was set would show as a
     difference), and the result agrees with the superblock schedule."""
-    first = _wave_run(B, T, H, D, "wave")
+    first = _wave_run(B, T, H, D, variant)
     for _ in range(2):
-        again = _wave_run(B, T, H, D, "wave")
+        again = _wave_run(B, T, H, D, variant)
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     blocks = _wave_run(B, T, H, D, "superblocks")
     names = ("o", "dq", "dk", "dv", "dbeta")
     errors = {n: rel_rms_error(a.float(), b.float()) for n, a, b in zip(names, first, blocks, strict=True)}
-    print(f"[{B},{T},{H},{D}] wave vs superblocks: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+    print(f"[{B},{T},{H},{D}] {variant} vs superblocks: "
+          + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
     assert all(e <= 1e-2 for e in errors.values())
 
 

@@ -1,0 +1,138 @@
+"""The forward solve of one superblock as a wavefront: a program per (chunk, b, h) (variant ``wavesb``).
+
+The superblock schedule keeps its fully parallel preparation launch (``prep.py``: normalisers, the sums
+over earlier superblocks, the diagonal-block inverses), but the sequential part, where one program per
+(b, h) walks the superblock's chunks, becomes one program per chunk: the program of chunk c adds
+Σ_j P_cj U_j over the superblock's earlier chunks — those solved long ago after a single wait, the last
+DEFER one by one as their flags rise — applies the prepared inverse and raises its own flag. Tickets
+from an atomic counter order the programs chunk-major, so a program only waits for programs that took
+earlier tickets (see ``wavefront.py``). At B·H = 128 and 8 chunks per superblock this spreads the
+superblock's 28 key-tile steps per (b, h) over 8 programs instead of one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer.wavefront import _raise_flag, _wait_for
+
+
+@triton.jit
+def _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
+                      D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                      VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + P[rows, chunk j] · U[chunk j], with the rows' final normalisers."""
+    cols = j * BT + tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
+                 other=0.0)
+    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+    allowed = row_ok[:, None] & (cols >= 0)[None, :]
+    if VARLEN:
+        allowed = allowed & (cols[None, :] >= row_doc[:, None])
+    p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+    vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
+                   other=0.0, cache_modifier=".cg")
+    return acc + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _superblock_wave_kernel(
+    X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, COUNTER, DOC_START,
+    T, H, BH, n_chunks, row_lo, row_hi, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    DEFER: tl.constexpr, HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    ticket = tl.atomic_add(COUNTER, 1)
+    c = row_lo // BT + ticket // BH
+    pid_bh = ticket % BH
+    b = pid_bh // H
+    h = pid_bh % H
+    flags = FLAGS + pid_bh * n_chunks
+    offs = tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    c0 = c * BT
+    rows = c0 + offs
+    row_ok = rows < row_hi
+    wk_ptrs = ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :]
+    wk_mask = row_ok[:, None] & (offs_d < D)[None, :]
+    vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
+    vu_mask = row_ok[:, None] & (offs_v < DV)[None, :]
+    x = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)
+    lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
+    acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0) if HAS_R else tl.zeros([BT, BV], dtype=tl.float32)
+    if VARLEN:
+        row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
+        j_lo = tl.maximum(row_lo, tl.load(DOC_START + c0)) // BT
+    else:
+        row_doc = rows  # unused
+        j_lo = row_lo // BT
+    j_def = tl.maximum(j_lo, c - DEFER)
+    if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
+        _wait_for(flags, j_def - 1)
+    for j in range(j_lo, j_def):
+        acc = _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
+                                D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+    for i in tl.static_range(DEFER):
+        j = c - DEFER + i
+        if j >= j_lo:
+            _wait_for(flags, j)
+            acc = _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
+                                    D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+    beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
+    inv = tl.load(LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :])
+    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
+    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    k_c = tl.load(K + wk_ptrs, mask=wk_mask, other=0.0)
+    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
+    if VARLEN:
+        in_block = in_block & (rows[None, :] >= row_doc[:, None])
+    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
+    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
+    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
+    if FUSED_OUT:  # w = q: o = α·PU + (1 − α)·U (see ``solve``)
+        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
+        has_keys = (rows > row_doc) if VARLEN else (rows > 0)
+        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
+        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
+        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)
+
+
+def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,
+                     device: torch.device) -> torch.Tensor:
+    """Zeroed int32: one flag per (b, h, chunk), then one ticket counter per superblock."""
+    n_chunks = triton.cdiv(seq_len, chunk)
+    return torch.zeros(batch_heads * n_chunks + triton.cdiv(seq_len, superblock), device=device,
+                       dtype=torch.int32)
+
+
+def superblock_wave_solve(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
+    o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
+    partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, *, row_lo: int,
+    row_hi: int, superblock: int, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
+    num_warps: int, num_stages: int,
+) -> None:
+    """Rows [row_lo, row_hi) of U, P·U and (w = q) o, as ``solve.solve_forward`` does with one program per
+    (b, h); ``flags`` comes from ``superblock_flags`` (one buffer for all superblocks of a forward)."""
+    B, T, H, D = x.shape
+    DV = v.shape[-1]
+    n_chunks = triton.cdiv(T, chunk)
+    counter = flags[B * H * n_chunks + row_lo // superblock:]
+    _superblock_wave_kernel[(triton.cdiv(row_hi - row_lo, chunk) * B * H,)](
+        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
+        flags, counter, doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi,
+        scale * LOG2_E,
+        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk, DEFER=defer,
+        HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
+        DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,
+    )

@@ -17,27 +17,12 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.deltaformer._common import LOG2_E
-from titan_delta_kernels.deltaformer.wavefront import _raise_flag, _wait_for
-
-
-@triton.jit
-def _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
-                      D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                      VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + P[rows, chunk j] · U[chunk j], with the rows' final normalisers."""
-    cols = j * BT + tl.arange(0, BT)
-    offs_d = tl.arange(0, BD)
-    offs_v = tl.arange(0, BV)
-    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
-                 other=0.0)
-    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    allowed = row_ok[:, None] & (cols >= 0)[None, :]
-    if VARLEN:
-        allowed = allowed & (cols[None, :] >= row_doc[:, None])
-    p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
-    vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
-                   other=0.0, cache_modifier=".cg")
-    return acc + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+from titan_delta_kernels.deltaformer.wavefront import (
+    _add_chunk_values,
+    _chunk_probs,
+    _raise_flag,
+    _wait_for,
+)
 
 
 @triton.jit
@@ -77,19 +62,20 @@ def _superblock_wave_kernel(
     if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
         _wait_for(flags, j_def - 1)
     for j in range(j_lo, j_def):
-        acc = _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
-                                D, DV, BD, BV, BT, VARLEN, DOT_PREC)
-    for i in tl.static_range(DEFER):
-        j = c - DEFER + i
-        if j >= j_lo:
-            _wait_for(flags, j)
-            acc = _add_solved_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale,
-                                    D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+        p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
+        acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :])
+    for i in tl.static_range(DEFER):  # scores first, values once the chunk is solved
+        j = c - DEFER + i
+        if j >= j_lo:
+            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
+            _wait_for(flags, j)
+            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
     u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
     tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
     k_c = tl.load(K + wk_ptrs, mask=wk_mask, other=0.0)
     s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
     in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
@@ -104,7 +90,6 @@ def _superblock_wave_kernel(
         alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
         o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
         tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)
 
 
 def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,

@@ -47,6 +47,34 @@ def _raise_flag(FLAGS, index):
 
 
 @triton.jit
+def _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale,
+                 D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    """P[rows, chunk j] with the rows' final normalisers: needs no solved values, so a program computes
+    it before waiting for the chunk's flag."""
+    cols = j * BT + tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
+                 other=0.0)
+    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+    allowed = row_ok[:, None] & (cols >= 0)[None, :]
+    if VARLEN:
+        allowed = allowed & (cols[None, :] >= row_doc[:, None])
+    return tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _add_chunk_values(acc, p, U, T, H, b, h, j, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                      DOT_PREC: tl.constexpr):
+    """acc + p · U[chunk j]; U is read past L1 (``.cg``): other programs wrote it during this launch."""
+    cols = j * BT + tl.arange(0, BT)
+    offs_v = tl.arange(0, BV)
+    vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
+                   other=0.0, cache_modifier=".cg")
+    return acc + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+
+
+@triton.jit
 def _wave_fwd_kernel(
     X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, DOC_START,
     T, H, BH, n_chunks, qk_scale,
@@ -76,6 +104,7 @@ def _wave_fwd_kernel(
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         j_lo = tl.load(DOC_START + c0) // BT
     else:
+        row_doc = rows  # unused
         j_lo = 0
     j_def = tl.maximum(j_lo, c - DEFER)
     m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
@@ -125,24 +154,17 @@ def _wave_fwd_kernel(
     tl.store(inv_ptrs, unit_lower_inverse(neg, BT, LOG2_BT, INV_PREC))
     tl.debug_barrier()  # the loads below may map elements to other threads than these stores
     acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0)
-    for i in tl.static_range(DEFER):  # the last DEFER chunks, each as soon as it is solved
+    v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
+    inv = tl.load(inv_ptrs)
+    for i in tl.static_range(DEFER):  # the last DEFER chunks: scores first, values once they are solved
         j = c - DEFER + i
         if j >= j_lo:
+            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
             _wait_for(flags, j)
-            cols = j * BT + offs
-            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                         other=0.0)
-            allowed = row_ok[:, None] & (cols >= 0)[None, :]
-            if VARLEN:
-                allowed = allowed & (cols[None, :] >= row_doc[:, None])
-            s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-            p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
-            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
-                           other=0.0, cache_modifier=".cg")
-            acc += tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
-    v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
-    u_c = tl.dot(tl.load(inv_ptrs), v - beta[:, None] * acc, input_precision=INV_PREC)
+            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
+    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
     tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
     s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale  # again: cheaper than holding it
     p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
     pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
@@ -152,30 +174,36 @@ def _wave_fwd_kernel(
         alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
         o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
         tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)
 
 
 @triton.jit
-def _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + P[rows of chunk j, cols]ᵀ · Y[rows of chunk j] (keys of this program against a later chunk)."""
+def _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
+                     DOT_PREC: tl.constexpr):
+    """P[rows of chunk j, cols]ᵀ (keys of this program against a later row chunk): no solved values."""
     rows = j * BT + tl.arange(0, BT)
     row_ok = rows < t_hi
     offs_d = tl.arange(0, BD)
-    offs_v = tl.arange(0, BV)
     w = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
-    y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                mask=row_ok[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
     st = tl.dot(kt, tl.trans(w), input_precision=DOT_PREC) * qk_scale  # [keys, rows]
     allowed = row_ok[None, :] & (cols >= 0)[:, None]
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (row_doc[None, :] <= cols[:, None])
-    pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
-    return acc + tl.dot(pt.to(kt.dtype), y.to(kt.dtype), input_precision=DOT_PREC)
+    return tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0).to(kt.dtype)
+
+
+@triton.jit
+def _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV: tl.constexpr, BV: tl.constexpr,
+                        BT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + pt · Y[rows of chunk j]; Y is read past L1: other programs wrote it during this launch."""
+    rows = j * BT + tl.arange(0, BT)
+    offs_v = tl.arange(0, BV)
+    y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
+                mask=(rows < t_hi)[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
+    return acc + tl.dot(pt, y.to(pt.dtype), input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -210,41 +238,46 @@ def _wave_bwd_kernel(
     if VARLEN:
         doc_c = tl.load(DOC_START + cols, mask=col_ok, other=0)
         in_block = in_block & (cols[None, :] >= doc_c[:, None])
+    s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+    p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
     inv_ptrs = LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :]
     if not HAS_INV:  # built first and parked in scratch memory: the key loop needs the registers
-        s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-        neg = -tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0) * beta[:, None]
-        tl.store(inv_ptrs, unit_lower_inverse(neg, BT, LOG2_BT, INV_PREC))
+        tl.store(inv_ptrs, unit_lower_inverse(-p_cc * beta[:, None], BT, LOG2_BT, INV_PREC))
         tl.debug_barrier()
+    # Everything that does not wait for later chunks goes into the accumulator first: the source and,
+    # for w = q, the α-weighted part of dO that reaches U through (P U) of this chunk (see ``solve``).
+    src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    if HAS_ALPHA:
+        alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
+        weighted = alpha[:, None] * src
+        acc = src - weighted + tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype),
+                                      input_precision=DOT_PREC)
+    else:
+        acc = src
     t_hi = tl.minimum(T, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else T
     j_last = (t_hi - 1) // BT
-    acc = tl.zeros([BT, BV], dtype=tl.float32)
     if c + DEFER + 1 <= j_last:
         _wait_for(flags, c + DEFER + 1)
     for j in range(c + DEFER + 1, j_last + 1):  # long-solved later chunks
-        acc = _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                              D, DV, BD, BV, BT, VARLEN, DOT_PREC)
-    for i in tl.static_range(DEFER):  # the next DEFER chunks, each as soon as it is solved
+        pt = _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                              D, BD, BT, VARLEN, DOT_PREC)
+        acc = _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV, BV, BT, DOT_PREC)
+    inv = tl.load(inv_ptrs)
+    for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
         j = c + DEFER - i
         if j <= j_last:
+            pt = _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                                  D, BD, BT, VARLEN, DOT_PREC)
             _wait_for(flags, j)
-            acc = _key_chunk_pass(acc, kt, cols, X, Y, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                                  D, DV, BD, BV, BT, VARLEN, DOT_PREC)
-    src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
-    if HAS_ALPHA:  # the α-weighted part of dO reaches U through (P U) of this chunk too (see ``solve``)
-        s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-        p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
-        alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
-        weighted = alpha[:, None] * src
-        rhs = src - weighted + acc + tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype),
-                                            input_precision=DOT_PREC)
+            acc = _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV, BV, BT, DOT_PREC)
+    g_c = tl.dot(tl.trans(inv), acc, input_precision=INV_PREC)
+    if HAS_ALPHA:  # noqa: SIM108 (alpha exists only in this branch of the compile-time switch)
+        y_c = alpha[:, None] * src - beta[:, None] * g_c
     else:
-        weighted = tl.zeros([BT, BV], dtype=tl.float32)
-        rhs = src + acc
-    g_c = tl.dot(tl.trans(tl.load(inv_ptrs)), rhs, input_precision=INV_PREC)
+        y_c = -beta[:, None] * g_c
+    tl.store(Y + gy_ptrs, y_c, mask=gy_mask)
+    _raise_flag(flags, c)  # earlier chunks read Y only; G follows off the chain
     tl.store(G + gy_ptrs, g_c, mask=gy_mask)
-    tl.store(Y + gy_ptrs, weighted - beta[:, None] * g_c, mask=gy_mask)
-    _raise_flag(flags, c)
 
 
 def _flags(batch_heads: int, n_chunks: int, device: torch.device) -> torch.Tensor:

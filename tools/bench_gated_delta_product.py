@@ -89,8 +89,9 @@ def bench(fn) -> tuple[float | None, str]:
         return None, f"({type(err).__name__}: {str(err).splitlines()[0][:120]})"
 
 
-def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, lowp: bool) -> SimpleNamespace:
-    """Realistic inputs of every stage: the previous stages run once, their outputs feed the next."""
+def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> SimpleNamespace:
+    """Realistic inputs of every stage: the previous stages run once, their outputs feed the next (W, U in
+    the input dtype with lowp; δ and the local ∂L/∂δ also with lowp_safe, as chunk.py stores them)."""
     from titan_delta_kernels.gated_delta_product import grads, output, state, wy_fwd
     from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 
@@ -100,10 +101,11 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, lowp: bool) -> Simple
     t.d_out, t.scale = torch.randn_like(t.q), D**-0.5
     t.geo = chunk_geometry(n_h)
     t.seqs = sequence_layout(B, T, None, t.geo, t.q.device)
-    t.inter = t.q.dtype if lowp else torch.float32
+    t.inter = t.q.dtype if opts.lowp else torch.float32
+    t.small = t.q.dtype if opts.lowp or opts.lowp_safe else torch.float32
     t.t_inv, t.w, t.u = wy_fwd.wy_fwd(t.k, t.v, t.beta, t.g, t.geo, t.seqs, t.inter)
-    t.hs, t.vn, _ = state.state_fwd(t.k, t.w, t.u, t.g, None, t.geo, t.seqs)
-    t.dvl = output.dv_local(t.q, t.k, t.g, t.d_out, t.scale, t.geo, t.seqs, t.inter)
+    t.hs, t.vn, _ = state.state_fwd(t.k, t.w, t.u, t.g, None, t.geo, t.seqs, delta_dtype=t.small)
+    t.dvl = output.dv_local(t.q, t.k, t.g, t.d_out, t.scale, t.geo, t.seqs, t.small)
     t.dhs, t.dd, _ = state.state_bwd(t.q, t.k, t.w, t.g, t.d_out, None, t.dvl, t.scale, t.geo, t.seqs)
     _, t.dkp, t.dw, t.dgs, t.dgt = grads.dqkw(t.q, t.k, t.g, t.vn, t.hs, t.dhs, t.dd, t.d_out, t.scale,
                                               t.geo, t.seqs)  # fmt: skip
@@ -120,10 +122,11 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
-        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch),
+        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs),
-        "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.inter),
-        "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch),
+        "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small),
+        "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
+                                             wt_mode=opts.wt_mode()),
         "dqkw": lambda: grads.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw),
         "wy_bwd": lambda: grads.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw),
     }
@@ -141,7 +144,7 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
               ) -> None:  # fmt: skip
     """Each kernel stage of ours, timed alone, with the cost model beside it; then stage sums."""
     for opts in stage_variants(variants):
-        t = stage_inputs(B, T, H, D, n_h, opts.lowp)
+        t = stage_inputs(B, T, H, D, n_h, opts)
         costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=opts.lowp,
                                  state_block_v=opts.state_block_v or cost.STATE_BLOCK_V)  # fmt: skip
         print(f"\n# stage breakdown [{B}, {T}, {H}, {D}] n_h={n_h} {opts.text()} "

@@ -53,12 +53,15 @@ SITES = {
     "scores": "scores rounded to bf16 for scores·δ in output_fwd (tf32 otherwise)",
     "dvlocal": "local ∂L/∂δ stored in bf16 (dv_local -> state_bwd)",
     "dd_bwd": "total ∂L/∂δ rounded to bf16 for Wᵀ·dδ in state_bwd (tf32 otherwise)",
+    "Wt_bwd": "fp32 W rounded to bf16 in registers for Wᵀ·dδ in state_bwd only (lowp_state; implied by W)",
     "dkpart": "direct dk stored in bf16 (dqkw -> wy_bwd)",
 }
-LOWP = frozenset(SITES)
+LOWP = frozenset(SITES) - {"Wt_bwd"}
 # W and U kept fp32: the state passes' products follow W's dtype in the kernels, so S_fwd, delta_upd and
 # dd_bwd go back to tf32 as well; δ, the local ∂L/∂δ and the direct dk stay bf16 (and d_delta, ∂L/∂W).
 LOWP_SAFE = frozenset({"delta", "scores", "dvlocal", "dkpart"})
+# lowp_state: W, U and everything else as by default; only state_bwd's Wᵀ·dδ takes bf16 operands.
+LOWP_STATE = frozenset({"Wt_bwd", "dd_bwd"})
 OUTPUTS = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 # The tests' tolerances: 5e-3 for o and the final state, 1e-2 for dq, dk, dv, dh0, 2e-2 for dg and dβ.
 TOLERANCES = {"o": 5e-3, "final": 5e-3, "dq": 1e-2, "dk": 1e-2, "dv": 1e-2, "dh0": 1e-2, "dg": 2e-2,
@@ -83,11 +86,13 @@ def tf32(x: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class Rounding:
     """``lowp``: the sites rounded to bf16; ``use_tf32``: fp32 products as tf32; ``exact``: no rounding at
-    all (validates the transcription against autograd)."""
+    all (validates the transcription against autograd); ``bf16x3``: state_bwd's Wᵀ·dδ of fp32 W as three
+    bf16 products hi·hi + hi·lo + lo·hi (the ``bf16x3`` variant; ignored when W or dδ is a lowp site)."""
 
     lowp: frozenset[str] = frozenset()
     use_tf32: bool = True
     exact: bool = False
+    bf16x3: bool = False
 
     def always(self, x: Tensor) -> Tensor:
         """A bf16 rounding both paths do."""
@@ -115,6 +120,17 @@ class Rounding:
         if self.exact:
             return x
         return tf32(x) if self.use_tf32 else fp32(x)
+
+    def wt_dd(self, w: Tensor, dd: Tensor) -> Tensor:
+        """state_bwd's Wᵀ·dδ for one chunk: w [.., L, K] as stored, dd [.., L, V] the fp32 total ∂L/∂δ."""
+        if self.exact:
+            return mt(w) @ dd
+        site = "W" if "W" in self.lowp else "Wt_bwd"
+        if self.bf16x3 and not self.lowp & {"W", "Wt_bwd", "dd_bwd"}:
+            w_hi, d_hi = bf16(w), bf16(fp32(dd))
+            w_lo, d_lo = bf16(w - w_hi), bf16(fp32(dd) - d_hi)  # w - w_hi is exact in fp32
+            return mt(w_hi) @ d_hi + mt(w_hi) @ d_lo + mt(w_lo) @ d_hi
+        return mt(self.operand(w, site)) @ self.operand(dd, "dd_bwd")
 
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -222,8 +238,7 @@ def emulate(q, k, v, g, beta, h0, d_out, d_final, n_h: int, scale: float, rnd: R
         dd = dvl[:, :, c] + (kc[:, :, c] @ rnd.always(dh)) * e
         dds[c] = dd
         do_s = rnd.always(do_b[:, :, c] * (scale * Gq[:, :, c].exp())[..., None])
-        dh = (dh * G_last[:, :, c].exp()[..., None, None] + mt(qc[:, :, c]) @ do_s
-              - mt(W_op[:, :, c]) @ rnd.operand(dd, "dd_bwd"))  # fmt: skip
+        dh = dh * G_last[:, :, c].exp()[..., None, None] + mt(qc[:, :, c]) @ do_s - rnd.wt_dd(W[:, :, c], dd)
         dh = rnd.f32(dh)
     dh0 = dh
     dS = torch.stack(dstates, 2)  # ∂L/∂(state leaving chunk c), bf16 values
@@ -392,7 +407,7 @@ def errors(cfg: Config, x: dict, ref: dict, rnd: Rounding) -> dict[str, float]:
 def variants(use_tf32: bool) -> list[tuple[str, Rounding]]:
     rows = [("(a) default path (fp32 intermediates)", Rounding(frozenset(), use_tf32)),
             ("(b) lowp", Rounding(LOWP, use_tf32))]  # fmt: skip
-    rows += [(f"(c) lowp, {s} fp32", Rounding(LOWP - {s}, use_tf32)) for s in SITES]
+    rows += [(f"(c) lowp, {s} fp32", Rounding(LOWP - {s}, use_tf32)) for s in SITES if s in LOWP]
     groups = {
         "W+U": {"W", "U"},
         "W+U+S_fwd": {"W", "U", "S_fwd"},
@@ -401,6 +416,11 @@ def variants(use_tf32: bool) -> list[tuple[str, Rounding]]:
     }
     rows += [(f"(c') lowp, {name} fp32", Rounding(LOWP - s, use_tf32)) for name, s in groups.items()]
     rows += [("(e) lowp_safe: lowp with W, U fp32 (state-pass products tf32)", Rounding(LOWP_SAFE, use_tf32))]
+    rows += [("(f) lowp_state: default + Wᵀ·dδ of state_bwd in bf16", Rounding(LOWP_STATE, use_tf32)),
+             ("(f') lowp_safe+lowp_state", Rounding(LOWP_SAFE | LOWP_STATE, use_tf32)),
+             ("(g) bf16x3: default + Wᵀ·dδ of state_bwd as 3 bf16 products", Rounding(frozenset(), use_tf32,
+                                                                                   bf16x3=True)),
+             ("(g') lowp_safe+bf16x3", Rounding(LOWP_SAFE, use_tf32, bf16x3=True))]  # fmt: skip
     rows += [(f"(d) default + only {s} bf16", Rounding(frozenset({s}), use_tf32)) for s in SITES]
     return rows
 

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # GPU proof of the Triton Gated DeltaProduct kernels, one call on one GPU (after `source tools/gpu_env.sh`),
 # most informative first; every step under `timeout`, limits sum to 525 s (fits a 540 s call):
-#   1. the `gpu`-marked tests, one pytest run per file (a timeout names its file; no -x: all failures show),
-#   2. ours only: per-stage breakdown (default / lowp / lowp+fastwy stages) and the table of our variants
-#      at [4,4096,16,128] and [8,2048,16,64], n_h = 2, 1, 3,
+#   1. the `gpu`-marked tests, one pytest run per file (a timeout names its file; no -x: all failures show);
+#      the newest variants (lowp_state, bf16x3: test_gated_delta_product_lowp_error.py) first,
+#   2. ours only: per-stage breakdown (lowp_state / bf16x3 first, then default / lowp ...) and the table of
+#      our variants at [4,4096,16,128] and [8,2048,16,64], n_h = 2, 1, 3,
 #   3. the table vs FLA 0.6.0 for the two most promising variant strings only (FLA autotunes: slow),
 #   4. the launch-config sweep (each configuration in its own process: a crash cannot take the others).
 # What a step printed before its limit stays in its log. Overrides: GDP_LIMITS="t1a t1b t1c t2a t2b t3 t4"
-# (seconds), GDP_FLA_VARIANTS (comma list). Logs go to ${OUT:-gpu_proof_out}/gdp_*.
+# (seconds; 1 effectively skips a step), GDP_FLA_VARIANTS and GDP_OURS_VARIANTS (comma lists). Logs go to
+# ${OUT:-gpu_proof_out}/gdp_*.
 set -u
 export PYTHONUNBUFFERED=1  # a step killed by its timeout keeps everything it printed
 out="${OUT:-gpu_proof_out}"
 mkdir -p "$out"
-read -r t_fast t_var t_def t_brk t_ours t_fla t_sweep <<<"${GDP_LIMITS:-70 70 95 70 70 105 45}"
-# 'default' = save_states; 'plain' = neither; lowp is opt-in (options.py)
-ours_variants="plain,default,default+lowp_safe,default+lowp,default+lowp+fastwy+wywarps=2"
-fla_variants="${GDP_FLA_VARIANTS:-default+lowp_safe,default+lowp}"
+read -r t_new t_var t_def t_brk t_ours t_fla t_sweep <<<"${GDP_LIMITS:-95 45 95 70 70 105 45}"
+# 'default' = save_states; 'plain' = neither; lowp, lowp_safe, lowp_state and bf16x3 are opt-in (options.py)
+ours_variants="default+lowp_state,default+lowp_state+fastwy+wywarps=2,default+bf16x3,plain,default"
+ours_variants+=",default+lowp_safe,default+lowp,default+lowp+fastwy+wywarps=2"
+ours_variants="${GDP_OURS_VARIANTS:-$ours_variants}"
+fla_variants="${GDP_FLA_VARIANTS:-default+lowp_state+fastwy+wywarps=2,default+lowp}"
 shapes="4x4096x16x128,8x2048x16x64"
 bench=(python3 tools/bench_gated_delta_product.py)
 tests=(python3 -m pytest -q -m gpu -rA -p no:cacheprovider)
@@ -32,10 +36,11 @@ step() {  # step LIMIT LOG CMD...: run CMD under timeout, log everything, say ho
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gdp_device.txt"
-# 1. Tests: the new variant first, then the older variants, then the default path.
-step "$t_fast" gdp_tests_fast.log "${tests[@]}" tests/kernels/test_gated_delta_product_fast.py
-step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py \
-  tests/kernels/test_gated_delta_product_lowp_error.py
+# 1. Tests: the newest variants first (lowp_state, bf16x3, lowp_safe; then fastwy), then the older variants,
+#    then the default path.
+step "$t_new" gdp_tests_new.log "${tests[@]}" tests/kernels/test_gated_delta_product_lowp_error.py \
+  tests/kernels/test_gated_delta_product_fast.py
+step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py
 step "$t_def" gdp_tests_default.log "${tests[@]}" tests/kernels/test_gated_delta_product_triton.py
 # 2. Ours only (no FLA autotuning): stages at n_h = 2 (both shapes) and n_h = 1, then every variant's table.
 TAIL=80 step "$t_brk" gdp_breakdown.md "${bench[@]}" --no-table --variants "$ours_variants" \

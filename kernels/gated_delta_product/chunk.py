@@ -18,6 +18,10 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
 * ``lowp_safe`` (an ``options`` flag): ``lowp`` without W and U: δ and the backward's per-step
   intermediates in the input dtype, W and U in fp32 and so the state passes' products as by default
   (they follow W's dtype). With ``lowp`` on as well, ``lowp`` wins.
+* ``lowp_state`` / ``bf16x3`` (``options`` flags): storage as by default (or as lowp_safe's), only
+  state_bwd's Wᵀ·dδ changes operands: rounded to the input dtype (lowp_state), or split into three bf16
+  products (bf16x3, tighter than the default's tf32). Either keeps lowp's fast state_bwd, whose speed came
+  from this product's operand layout (``state.WT_MODES``). No effect with ``lowp`` (W already 16-bit).
 """
 
 from __future__ import annotations
@@ -126,7 +130,7 @@ def gdp_chunk_bwd(
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
-        **launch,
+        **launch, wt_mode=opts.wt_mode(),
     )
     dq, dk, dv, dg, dbeta = chunk_grads(
         q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe")
+FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -24,6 +24,17 @@ DEFAULT_FLAGS = ("save_states",)
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
 # in the forward state pass; with lowp_safe the final state is the default's and o stays ~20% inside the
 # tolerance in the 3 tests lowp failed. Not yet run on a GPU: opt-in.
+# lowp_state: W and U stay fp32 (stored as by default), only state_bwd's product Wᵀ·dδ takes operands rounded
+# to the input dtype in registers (fp32 accumulation). lowp's 3.4x faster state_bwd (1.226 -> 0.357 ms on an
+# H200 at [4,4096,16,128], n_h = 2) came from this product's operand layout, not from bytes: a tf32 wgmma
+# needs fp32 Wᵀ steps-contiguous in shared memory, and the pipeliner transposes it with 4-byte cp.async
+# (state.WT_MODES; docs, "Why lowp's state_bwd is fast"). It rounds nothing in the forward, so o and the final
+# state are the default's; the CPU emulation keeps every gradient well inside the GPU tolerances where lowp
+# failed. bf16x3: the same layout fix at no precision cost: Wᵀ·dδ as three bf16 products (hi·hi + hi·lo +
+# lo·hi, ~2^-16 relative, tighter than tf32). H200, state_bwd at [4,4096,16,128], n_h = 2: 0.456 ms
+# (lowp_state) and 0.622 ms (bf16x3), against 1.224; both passed lowp_safe's 4 GPU accuracy tests. Opt-in
+# until the default path's GPU tests and fwd+bwd tables ran with them. lowp_state wins over bf16x3, and lowp
+# (W already 16-bit) over both.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -48,6 +59,8 @@ class GdpOptions:
     lowp: bool = False
     fastwy: bool = False
     lowp_safe: bool = False
+    lowp_state: bool = False
+    bf16x3: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None
@@ -60,6 +73,10 @@ class GdpOptions:
         parts += [f"{key}={getattr(self, name)}" for key, (name, _) in LAUNCH_KEYS.items()
                   if getattr(self, name) is not None]  # fmt: skip
         return "+".join(parts)
+
+    def wt_mode(self) -> int:
+        """state_bwd's Wᵀ·dδ operands (state.WT_MODES) for fp32 W: 1 lowp_state, 3 bf16x3, else 0."""
+        return 1 if self.lowp_state else 3 if self.bf16x3 else 0
 
     def launch_text(self) -> str:
         """The part the custom ops need besides save_states and lowp (their own arguments)."""

@@ -7,6 +7,8 @@ runs in the parallel per-chunk kernels; these passes only carry the [K, BV] stat
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -71,9 +73,15 @@ def state_bwd_kernel(
     cu_seqlens, chunk_offsets, T, NT, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, WT_MODE: tl.constexpr,
+    SPLIT_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state."""
+    """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state.
+
+    ``WT_MODE`` picks the operands of the product Wᵀ·dδ (see ``WT_MODES``): 0 in W's dtype (tf32 for fp32 W),
+    1 both rounded to k's dtype, 3 the fp32 product as three SPLIT_DTYPE (bf16) products hi·hi + hi·lo +
+    lo·hi.
+    """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -113,9 +121,31 @@ def state_bwd_kernel(
         b_do = (b_do.to(tl.float32) * (scale * tl.exp(Gq))[:, None]).to(b_qt.dtype)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-        b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - tl.dot(b_wt, b_dd.to(b_wt.dtype))
+        if WT_MODE == 1:
+            b_wdd = tl.dot(b_wt.to(b_k.dtype), b_dd.to(b_k.dtype))
+        elif WT_MODE == 3:
+            w_hi = b_wt.to(SPLIT_DTYPE)
+            w_lo = (b_wt.to(tl.float32) - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
+            d_hi = b_dd.to(SPLIT_DTYPE)
+            d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
+            b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
+        else:
+            b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
+        b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - b_wdd
     tl.store(d_h0 + state_off, b_dh, mask=m_kv)
 
+
+# Operands of state_bwd's Wᵀ·dδ for fp32 W. With 0 (the default path) it is a tf32 wgmma, whose operands must
+# be K-major (here: steps contiguous) in shared memory; W is stored [steps, K] with K contiguous, so Triton's
+# pipeliner copies the 128×64 fp32 Wᵀ tile with 4-byte cp.async (64 per thread per chunk at K = 128, 4 warps,
+# instead of 8 16-byte ones for bf16 W, which bf16 wgmma takes MN-major) — this, not the bytes, made lowp's
+# state_bwd 3.4× faster on an H200 (docs, "Why lowp's state_bwd is fast"). 1 and 3 load fp32 Wᵀ with 16-byte
+# cp.async into a plain swizzled buffer and feed 16-bit wgmma operands from registers.
+WT_MODES = {
+    0: "W's dtype (tf32 for fp32 W)",
+    1: "Wᵀ and dδ rounded to k's dtype, fp32 accumulation (lowp_state)",
+    3: "three bf16 products hi·hi + hi·lo + lo·hi: ~2^-16 relative, tighter than tf32 (bf16x3)",
+}
 
 # The state passes are sequential over chunks, so their speed is set by how many programs share the GPU:
 # narrow V tiles give N·H·V/BV programs (twice as many with 32 as with 64).
@@ -127,6 +157,13 @@ def _stages(BK: int) -> int:
     """Software-pipelining depth of the chunk loop: with 3 stages the reverse pass needed 238 KB of shared
     memory at K = 128 on an H200 (Triton 3.6; limit 227 KB); 2 stages, and 1 beyond K = 128."""
     return 2 if BK <= 128 else 1
+
+
+def _split_dtype() -> tl.dtype:
+    """bf16 for WT_MODE 3; fp16 under the CPU interpreter, whose bf16 tl.dot returns garbage (Triton 3.9: a
+    16×16 product off by ~1e10) and whose fp32 -> bf16 cast does not round to nearest: there the tests can
+    check the split's algebra, and the GPU tests its bf16 form."""
+    return tl.float16 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
 def _blocks(K: int, V: int, block_v: int | None) -> tuple[int, int]:
@@ -186,8 +223,17 @@ def state_bwd(
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    wt_mode: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32)."""
+    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32).
+
+    ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W (1 and 3 give 0's
+    kernel for 16-bit W).
+    """
+    if wt_mode not in WT_MODES:
+        raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
+    if w.dtype != torch.float32 or (wt_mode == 1 and k.dtype == torch.float32):
+        wt_mode = 0  # 16-bit W is a 16-bit operand already; fp32 inputs keep fp32 (tf32) operands
     _, _, H, K = k.shape
     V = d_vlocal.shape[-1]
     BK, BV = _blocks(K, V, block_v)
@@ -201,7 +247,7 @@ def state_bwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-        IS_VARLEN=seqs.is_varlen,
+        IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(),
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

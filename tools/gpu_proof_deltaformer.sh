@@ -40,16 +40,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 date -u +"run at %Y-%m-%dT%H:%M:%SZ" | tee -a "$log_dir/gpu.txt"
 start=$SECONDS
 
-# Variant sweeps (docs/kernels_deltaformer.md). Since run 4 the defaults are the fused launch with
-# 64-row, 4-warp tiles; superblock 256 at T = 8192 and 512 at T = 2048. The leading '' row is the defaults;
-# the rest try the wavefront solves (fourth session): how many chunks a program waits for one by one, and
-# the warps and stages of its two launches.
-export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|wave|wave,defer=1|wave,defer=3|\
-wave,wtile=8:3:8:3|wave,wtile=4:2:4:2}"
-export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|wave|wave,defer=1|wave,defer=3|\
-wave,wtile=4:3:4:3|wave,wtile=8:2:8:2|wave,keepinv}"
-export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-|wave}"
-export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-|wave}"
+# Variant sweeps (docs/kernels_deltaformer.md). Since run 11 the defaults are the fused preparation launch
+# with a wavefront solve inside each superblock (D <= 128) and the wavefront backward (D <= 64); superblock
+# 256 at T = 8192 and 512 at T = 2048. The leading '' row is the defaults; `superblocks` is the run 8
+# default; the rest try the neighbours of the defaults measured in runs 9-11.
+export DF_VARIANTS_2x8192x32x128="${DF_VARIANTS_2x8192x32x128-|superblocks|wavesb,wtile=8:3:8:2}"
+export DF_VARIANTS_8x2048x16x64="${DF_VARIANTS_8x2048x16x64-|superblocks|sb=1024|wave,wtile=4:3:4:3|\
+wtile=4:2:4:3}"
+export DF_PROFILE_2x8192x32x128="${DF_PROFILE_2x8192x32x128-}"
+export DF_PROFILE_8x2048x16x64="${DF_PROFILE_8x2048x16x64-}"
 shapes="${DF_SHAPES:-2x8192x32x128 8x2048x16x64}"
 bench="${DF_BENCH:-1}"
 

@@ -136,11 +136,18 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     # (with keepinv). Head dims above 128 keep the separate launches (the fused tiles are untried there).
     fused = width <= 128
     prep_tiles = (64, 64, 4, 3) if fused else None
-    # wavefront programs hold a chunk × Dv accumulator next to the inverse's three chunk² products
-    wave_tiles = (4, 2, 4, 2) if width <= 64 else (8, 2, 8, 2)
+    # Wavefront solves (fourth session, docs/benchmarks.md runs 9-11, H200): inside each superblock of the
+    # forward for D <= 128, [2,8192,32,128] fwd 4.105 -> 4.017 ms, fwd+bwd 19.473 -> 19.397 ms (run 11);
+    # the backward as one wavefront launch for D <= 64 only, where [8,2048,16,64] went fwd 0.606 -> 0.524
+    # ms and fwd+bwd 2.245 -> 2.011 ms (run 11) with 4 warps and 3 stages (8 warps: 0.622 / 2.129, run 10);
+    # at D = 128 that backward was slower (21.95 against 19.46 ms, run 10).
+    wave_forward = "superblock" if fused else ""
+    wave_backward = width <= 64
+    wave_tiles = (4, 3, 4, 3) if width <= 64 else (8, 2, 8, 2)
     return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
-                       col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles, wave_tiles=wave_tiles)
+                       col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles,
+                       wave_forward=wave_forward, wave_backward=wave_backward, wave_tiles=wave_tiles)
 
 
 def _ints(text: str, count: int, token: str) -> tuple[int, ...]:

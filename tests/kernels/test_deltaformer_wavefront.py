@@ -169,3 +169,21 @@ def test_gpu_wave_does_not_synchronise_with_host() -> None:
         _wave_run(1, 1024, 2, 64, "wave", cu)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_gpu_defaults_are_the_measured_wavefronts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU defaults (docs/benchmarks.md, runs 9-11): the superblock wavefront forward up to D = 128,
+    the wavefront backward up to D = 64 only, the separate launches above D = 128."""
+    from titan_delta_kernels.deltaformer import _common
+
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    for name in ("TITAN_DELTA_DF_SUPERBLOCK", "TITAN_DELTA_DF_VSPLIT", "TITAN_DELTA_DF_TILES"):
+        monkeypatch.delenv(name, raising=False)
+    small = _common.default_config(64, 64, 2048)
+    assert (small.wave_forward, small.wave_backward, small.wave_tiles) == ("superblock", True, (4, 3, 4, 3))
+    large = _common.default_config(128, 128, 8192)
+    assert (large.wave_forward, large.wave_backward, large.superblock) == ("superblock", False, 256)
+    wide = _common.default_config(256, 256, 2048)
+    assert (wide.fused_prep, wide.wave_forward, wide.wave_backward) == (False, "", False)
+    old = _common.default_config(64, 64, 2048, "superblocks")
+    assert (old.wave_forward, old.wave_backward, old.fused_prep) == ("", False, True)

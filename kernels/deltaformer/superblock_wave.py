@@ -20,7 +20,7 @@ from titan_delta_kernels.deltaformer._common import LOG2_E
 from titan_delta_kernels.deltaformer.wavefront import (
     _add_chunk_values,
     _chunk_probs,
-    _raise_flag,
+    _finish_chunk,
     _wait_for,
 )
 
@@ -67,29 +67,8 @@ def _superblock_wave_kernel(
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :])
-    for i in tl.static_range(DEFER):  # scores first, values once the chunk is solved
-        j = c - DEFER + i
-        if j >= j_lo:
-            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
-            _wait_for(flags, j)
-            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
-    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
-    k_c = tl.load(K + wk_ptrs, mask=wk_mask, other=0.0)
-    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
-    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
-    if VARLEN:
-        in_block = in_block & (rows[None, :] >= row_doc[:, None])
-    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
-    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
-    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
-    if FUSED_OUT:  # w = q: o = α·PU + (1 − α)·U (see ``solve``)
-        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
-        has_keys = (rows > row_doc) if VARLEN else (rows > 0)
-        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
-        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
-        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
+    _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
+                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
 
 
 def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,

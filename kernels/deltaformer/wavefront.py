@@ -47,19 +47,27 @@ def _raise_flag(FLAGS, index):
 
 
 @triton.jit
+def _key_tile(K, row_ok, row_doc, T, H, b, h, j, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+              VARLEN: tl.constexpr):
+    """The keys of an earlier chunk j and which of them each row may see (its own document's)."""
+    cols = j * BT + tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
+                 other=0.0)
+    allowed = row_ok[:, None] & (cols >= 0)[None, :]
+    if VARLEN:
+        allowed = allowed & (cols[None, :] >= row_doc[:, None])
+    return kt, allowed
+
+
+@triton.jit
 def _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale,
                  D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
                  DOT_PREC: tl.constexpr):
     """P[rows, chunk j] with the rows' final normalisers: needs no solved values, so a program computes
     it before waiting for the chunk's flag."""
-    cols = j * BT + tl.arange(0, BT)
-    offs_d = tl.arange(0, BD)
-    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
-                 other=0.0)
+    kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    allowed = row_ok[:, None] & (cols >= 0)[None, :]
-    if VARLEN:
-        allowed = allowed & (cols[None, :] >= row_doc[:, None])
     return tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
 
 
@@ -72,6 +80,45 @@ def _add_chunk_values(acc, p, U, T, H, b, h, j, DV: tl.constexpr, BV: tl.constex
     vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
                    other=0.0, cache_modifier=".cg")
     return acc + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
+                  qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+                  BT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
+                  DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
+    """The end of a forward wavefront program: the last DEFER chunks (scores first, values once solved),
+    the chunk's rows of U and its flag — the chain to the next chunk ends there — then P·U and, for w = q,
+    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``)."""
+    offs = tl.arange(0, BT)
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
+    vu_mask = row_ok[:, None] & (offs_v < DV)[None, :]
+    for i in tl.static_range(DEFER):
+        j = c - DEFER + i
+        if j >= j_lo:
+            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
+            _wait_for(flags, j)
+            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
+    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
+    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)
+    k_c = tl.load(K + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
+                  mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
+    if VARLEN:
+        in_block = in_block & (rows[None, :] >= row_doc[:, None])
+    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
+    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
+    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
+    if FUSED_OUT:
+        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
+        has_keys = (rows > row_doc) if VARLEN else (rows > 0)
+        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
+        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
+        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
 
 
 @triton.jit
@@ -113,23 +160,11 @@ def _wave_fwd_kernel(
     if j_def > j_lo:
         _wait_for(flags, j_def - 1)
     for j in range(j_lo, j_def):  # long-solved chunks: online softmax with values
-        cols = j * BT + offs
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                     other=0.0)
-        allowed = row_ok[:, None] & (cols >= 0)[None, :]
-        if VARLEN:
-            allowed = allowed & (cols[None, :] >= row_doc[:, None])
+        kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
         m_i, l_i, corr, p = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
-        vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
-                       other=0.0, cache_modifier=".cg")
-        acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+        acc = _add_chunk_values(acc * corr[:, None], p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
     for j in range(j_def, c):  # chunks maybe still being solved: normaliser only, for now
-        cols = j * BT + offs
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                     other=0.0)
-        allowed = row_ok[:, None] & (cols >= 0)[None, :]
-        if VARLEN:
-            allowed = allowed & (cols[None, :] >= row_doc[:, None])
+        kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
         m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
         acc = acc * corr[:, None]
     k_c = tl.load(K + wk_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -156,24 +191,8 @@ def _wave_fwd_kernel(
     acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_ptrs)
-    for i in tl.static_range(DEFER):  # the last DEFER chunks: scores first, values once they are solved
-        j = c - DEFER + i
-        if j >= j_lo:
-            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
-            _wait_for(flags, j)
-            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
-    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
-    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale  # again: cheaper than holding it
-    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
-    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
-    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
-    if FUSED_OUT:  # w = q: o = α·PU + (1 − α)·U, α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``)
-        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
-        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
-        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
-        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
+    _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
+                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
 
 
 @triton.jit

@@ -117,22 +117,29 @@ def test_value_slices_under_64_columns_are_refused_on_the_gpu(monkeypatch: pytes
     assert solve._value_slice(64, 64, 4, 8) == 16  # the interpreter checks the slicing arithmetic
 
 
-def test_variant_compiles_fullgraph_and_passes_opcheck() -> None:
-    """The kept-inverse output changes the op's outputs: its fake kernel must agree with the real one."""
+def check_opcheck_and_compile(T: int, opcheck_variant: str, compile_variant: str) -> None:
+    """``opcheck`` of the forward op with ``opcheck_variant`` (its fake kernel must agree with the real one,
+    kept-inverse output included), then an ``aot_eager`` fullgraph compile of a block with
+    ``compile_variant`` against eager."""
     from titan_delta_kernels.deltaformer.op import _fwd
 
-    q, k, v, beta, _ = _make(1, 18, 1, 16, 16, separate_w=False, dtype=torch.float32, device="cpu")
+    q, k, v, beta, _ = _make(1, T, 1, 16, 16, separate_w=False, dtype=torch.float32, device="cpu")
     leaves = tuple(x.clone().requires_grad_(True) for x in (q, k, v, beta))
-    torch.library.opcheck(_fwd, (*leaves, None, None, 0.25, "fused,keepinv"))
+    torch.library.opcheck(_fwd, (*leaves, None, None, 0.25, opcheck_variant))
 
     def block(q, k, v, beta):
-        return deltaformer_attn_triton(q, k, torch.tanh(v), beta, scale=0.25, variant="fused,keepinv")
+        return deltaformer_attn_triton(q, k, torch.tanh(v), beta, scale=0.25, variant=compile_variant)
 
-    d_out = torch.randn(1, 18, 1, 16)
+    d_out = torch.randn(1, T, 1, 16)
     eager, eager_grads = _grads(block, [q, k, v, beta], d_out)
     out, grads = _grads(torch.compile(block, fullgraph=True, backend="aot_eager"), [q, k, v, beta], d_out)
     assert rel_rms_error(out, eager) <= 1e-6
     assert all(rel_rms_error(a, b) <= 1e-6 for a, b in zip(grads, eager_grads, strict=True))
+
+
+def test_variant_compiles_fullgraph_and_passes_opcheck() -> None:
+    """The kept-inverse output changes the op's outputs: its fake kernel must agree with the real one."""
+    check_opcheck_and_compile(18, "fused,keepinv", "fused,keepinv")
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_deltaformer_triton import _gpu_check, _grads, _make, check_against_oracle
+from tests.kernels.test_deltaformer_triton import _gpu_check, _make, check_against_oracle
+from tests.kernels.test_deltaformer_variants import check_opcheck_and_compile
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 from titan_delta_kernels.deltaformer._common import BlockConfig, apply_variant
@@ -92,20 +93,7 @@ def test_wave_tokens_parse_and_reject() -> None:
 
 
 def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
-    from titan_delta_kernels.deltaformer.op import _fwd
-
-    q, k, v, beta, _ = _make(1, 40, 1, 16, 16, separate_w=False, dtype=torch.float32, device="cpu")
-    leaves = tuple(x.clone().requires_grad_(True) for x in (q, k, v, beta))
-    torch.library.opcheck(_fwd, (*leaves, None, None, 0.25, "wave,keepinv"))
-
-    def block(q, k, v, beta):
-        return deltaformer_attn_triton(q, k, torch.tanh(v), beta, scale=0.25, variant="wave")
-
-    d_out = torch.randn(1, 40, 1, 16)
-    eager, eager_grads = _grads(block, [q, k, v, beta], d_out)
-    out, grads = _grads(torch.compile(block, fullgraph=True, backend="aot_eager"), [q, k, v, beta], d_out)
-    assert rel_rms_error(out, eager) <= 1e-6
-    assert all(rel_rms_error(a, b) <= 1e-6 for a, b in zip(grads, eager_grads, strict=True))
+    check_opcheck_and_compile(40, "wave,keepinv", "wave")
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -130,12 +130,18 @@ def test_lowp_safe_dtypes_and_fake():
                                                              torch.float16)  # fmt: skip
 
 
-def test_lowp_safe_save_states_is_bitwise_the_recomputation():
-    """The backward's recomputed δ must have the saved δ's dtype (and so its bits)."""
+def _varlen_fp16_case() -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+    """Three fp16 documents (one empty) in 40 tokens, n_h = 2, with output and final-state cotangents."""
     cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32)
     inputs = make_inputs(1, 40, 2, 16, 16, 2, num_seqs=3, dtype=torch.float16)
     d_out = torch.randn(1, 40, 2, 16, dtype=torch.float64)
     d_final = torch.randn(3, 2, 16, 16, dtype=torch.float64)
+    return cu, inputs, d_out, d_final
+
+
+def test_lowp_safe_save_states_is_bitwise_the_recomputation():
+    """The backward's recomputed δ must have the saved δ's dtype (and so its bits)."""
+    cu, inputs, d_out, d_final = _varlen_fp16_case()
     a = run_with_grads(variant_kernel("lowp_safe"), inputs, 2, cu, d_out, d_final)
     b = run_with_grads(variant_kernel("save_states+lowp_safe"), inputs, 2, cu, d_out, d_final)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -194,10 +200,7 @@ def test_lowp_state_fp16_matches_reference(variant, n_h, T, gated):
 
 def test_lowp_state_varlen_forward_is_the_default():
     """Storage as by default, and the forward (o, final state, W, U, δ) bitwise the default's."""
-    cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32)
-    inputs = make_inputs(1, 40, 2, 16, 16, 2, num_seqs=3, dtype=torch.float16)
-    d_out = torch.randn(1, 40, 2, 16, dtype=torch.float64)
-    d_final = torch.randn(3, 2, 16, 16, dtype=torch.float64)
+    cu, inputs, d_out, d_final = _varlen_fp16_case()
     a = run_with_grads(variant_kernel("default"), inputs, 2, cu, d_out, d_final)
     for variant in ("default+lowp_state", "bf16x3"):
         b = run_with_grads(variant_kernel(variant), inputs, 2, cu, d_out, d_final)

@@ -47,6 +47,7 @@ class BlockConfig:
     wave_backward: bool = False
     wave_defer: int = 2  # key chunks a wavefront program takes one by one as they are solved
     wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
+    inverse_split: int = 1  # block rows of the diagonal-block inverses; 1 = doubling (``inverse.py``)
 
     def __post_init__(self) -> None:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
@@ -69,6 +70,10 @@ class BlockConfig:
         if self.wave_forward not in ("", "full", "superblock"):
             raise ValueError(f"BlockConfig.wave_forward must be '', 'full' or 'superblock', "
                              f"got {self.wave_forward!r}")
+        if self.inverse_split < 1 or self.inverse_split & (self.inverse_split - 1) \
+                or self.chunk // self.inverse_split < 16:
+            raise ValueError(f"BlockConfig.inverse_split must be a power of two leaving blocks of >= 16 rows "
+                             f"(chunk={self.chunk}), got {self.inverse_split}")
         if self.wave_defer < 1:
             raise ValueError(f"BlockConfig.wave_defer must be >= 1, got {self.wave_defer}")
         wave = self.wave_tiles
@@ -165,7 +170,7 @@ _WAVE_TOKENS = {"wave": {"wave_forward": "full", "wave_backward": True},
                 "wavesb": {"wave_forward": "superblock"}, "wavebwd": {"wave_backward": True},
                 "superblocks": {"wave_forward": "", "wave_backward": False}}
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
-               "vsplit": "value_split", "defer": "wave_defer"}
+               "vsplit": "value_split", "defer": "wave_defer", "invsplit": "inverse_split"}
 
 
 def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
@@ -181,7 +186,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``wavesb`` (the superblock forward with a wavefront inside each superblock, ``superblock_wave.py``),
     ``wavebwd`` (the backward as one wavefront launch), ``superblocks`` (no wavefront),
     ``defer=N`` (key chunks a wavefront program takes one by one), ``wtile=W:S:W:S`` (warps and stages of
-    the wavefront launches, forward then backward)."""
+    the wavefront launches, forward then backward), ``invsplit=N`` (diagonal-block inverses by N×N blocks
+    and block substitution instead of doubling, ``inverse.py``; chunk / N >= 16)."""
     changes: dict = {}
     for token in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = token.partition("=")

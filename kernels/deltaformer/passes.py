@@ -51,7 +51,7 @@ def _settings(dtype: torch.dtype, cfg: BlockConfig) -> tuple[dict, dict, dict]:
 def _inverses(x: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
               doc_start: torch.Tensor | None, scale: float, cfg: BlockConfig, solve: dict) -> torch.Tensor:
     return diag_inverse(x, k, beta, lse, doc_start, scale=scale, chunk=cfg.chunk, dot_prec=solve["dot_prec"],
-                        inv_prec=solve["inv_prec"], num_warps=cfg.num_warps)
+                        inv_prec=solve["inv_prec"], num_warps=cfg.num_warps, inv_split=cfg.inverse_split)
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -84,7 +84,7 @@ def _fused_superblocks(
     def prep(lo: int, hi: int, **kwargs) -> None:
         prep_superblock(x, k, u, beta, lse, partial, linv, doc_start, row_lo=lo, row_hi=hi, scale=scale,
                         chunk=cfg.chunk, tiles=cfg.prep, dot_prec=solve["dot_prec"],
-                        inv_prec=solve["inv_prec"], **kwargs)
+                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, **kwargs)
 
     solved: list[torch.cuda.Event] = []
     prep(*blocks[0])
@@ -180,7 +180,7 @@ def _wave_forward_pass(
     warps, stages = cfg.wave_tiles[:2]
     wave_forward(q if w is None else w, k, v, u, pu, o if w is None else None, beta, lse1, linv, doc_start,
                  scale=scale, chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
-                 inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
+                 inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages, inv_split=cfg.inverse_split)
     if w is None:
         return o, u, pu, lse1, lse1.new_empty((B, H, 0)), linv
     lse2 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)
@@ -220,7 +220,8 @@ def backward_pass(
         warps, stages = cfg.wave_tiles[2:]
         wave_backward(x, k, src, alpha, g, y, beta, lse1, linv, doc_start, doc_end, scale=scale,
                       chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
-                      inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
+                      inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages,
+                      inv_split=cfg.inverse_split)
     elif linv is None:
         linv = _inverses(x, k, beta, lse1, doc_start, scale, cfg, solve)
     partial = None

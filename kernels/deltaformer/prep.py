@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.deltaformer._common import LOG2_E
-from titan_delta_kernels.deltaformer.solve import unit_lower_inverse
+from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 
 
 @triton.jit
@@ -42,8 +42,8 @@ def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
 @triton.jit
 def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
                     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, CHUNK: tl.constexpr,
-                    LOG2_CHUNK: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-                    INV_PREC: tl.constexpr):
+                    LOG2_CHUNK: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+                    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
     """(I + β P_cc)⁻¹ of the BT / CHUNK diagonal chunks of rows [t0, t0 + BT), from stored normalisers."""
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, BD)
@@ -62,10 +62,9 @@ def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, ro
             doc_c = tl.load(DOC_START + crow, mask=c_ok, other=0)
             allowed = allowed & (crow[None, :] >= doc_c[:, None])
         neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
-        inv = unit_lower_inverse(neg, CHUNK, LOG2_CHUNK, INV_PREC)
-        chunk_in = (c0 + tl.zeros([CHUNK, CHUNK], dtype=tl.int32)) < row_hi  # superblocks hold whole chunks
-        tl.store(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK + offs_c[:, None] * CHUNK
-                 + offs_c[None, :], inv, mask=chunk_in)
+        if c0 < row_hi:  # superblocks hold whole chunks
+            store_unit_lower_inverse(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK, neg, CHUNK,
+                                     LOG2_CHUNK, LOG2_SPLIT, INV_PREC)
 
 
 @triton.jit
@@ -75,7 +74,7 @@ def _prep_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
     HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -138,7 +137,7 @@ def _prep_kernel(
             tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
         tl.debug_barrier()  # the inverses read these normalisers back
         _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
-                        D, BD, BT, CHUNK, LOG2_CHUNK, VARLEN, DOT_PREC, INV_PREC)
+                        D, BD, BT, CHUNK, LOG2_CHUNK, LOG2_SPLIT, VARLEN, DOT_PREC, INV_PREC)
     else:
         tl.store(LSE + pid_bh * T + rows, m_i, mask=row_ok)
         tl.store(LSUM + pid_bh * T + rows, l_i, mask=row_ok)
@@ -149,13 +148,14 @@ def prep_superblock(
     x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
     partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
     row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
-    val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True,
+    val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True, inv_split: int = 1,
 ) -> None:
     """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
     row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
     [B·H, n_chunks, chunk, chunk]). Keys with values are [val_lo, row_lo) when ``finish`` else [0, val_lo).
     ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
-    which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one."""
+    which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one.
+    ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``)."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = tiles
@@ -174,7 +174,8 @@ def prep_superblock(
         linv, doc_start if doc_start is not None else dummy, T, H, row_lo, row_hi, val_lo, val_hi,
         linv.shape[1], scale * LOG2_E,
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=rows, BK=keys,
-        CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
+        CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
+        HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
         FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
     )

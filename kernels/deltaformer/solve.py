@@ -19,26 +19,14 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.deltaformer._common import LOG2_E, interpreting, new_buffer
-
-
-@triton.jit
-def unit_lower_inverse(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
-    """(I − x)⁻¹ for a strictly lower-triangular BT×BT x, as Π_j (I + x^(2^j)): x is nilpotent, so
-    LOG2_BT factors (LOG2_BT − 1 squarings) are exact; every step is a tensor-core product."""
-    offs = tl.arange(0, BT)
-    inv = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0) + x
-    power = x
-    for _ in tl.static_range(LOG2_BT - 1):
-        power = tl.dot(power, power, input_precision=INV_PREC)
-        inv = inv + tl.dot(inv, power, input_precision=INV_PREC)
-    return inv
+from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 
 
 @triton.jit
 def _diag_inverse_kernel(
     W, K, BETA, LSE, LINV, DOC_START, T, H, n_chunks, qk_scale,
     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -60,8 +48,8 @@ def _diag_inverse_kernel(
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (rows[None, :] >= row_doc[:, None])
     x = -tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0) * beta[:, None]
-    inv = unit_lower_inverse(x, BT, LOG2_BT, INV_PREC)
-    tl.store(LINV + (pid_bh * n_chunks + pid_c) * BT * BT + offs[:, None] * BT + offs[None, :], inv)
+    store_unit_lower_inverse(LINV + (pid_bh * n_chunks + pid_c) * BT * BT, x, BT, LOG2_BT, LOG2_SPLIT,
+                             INV_PREC)
 
 
 @triton.jit
@@ -205,9 +193,10 @@ def _solve_bwd_kernel(
 
 def diag_inverse(
     w: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
-    *, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int,
+    *, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int, inv_split: int = 1,
 ) -> torch.Tensor:
-    """fp32 [B·H, n_chunks, chunk, chunk] inverses of the unit lower-triangular diagonal blocks."""
+    """fp32 [B·H, n_chunks, chunk, chunk] inverses of the unit lower-triangular diagonal blocks
+    (``inv_split`` block rows: ``inverse.store_unit_lower_inverse``)."""
     B, T, H, D = w.shape
     n_chunks = triton.cdiv(T, chunk)
     linv = new_buffer((B * H, n_chunks, chunk, chunk), device=w.device, dtype=torch.float32)
@@ -215,7 +204,8 @@ def diag_inverse(
         w, k, beta, lse, linv, doc_start if doc_start is not None else lse, T, H, n_chunks,
         scale * LOG2_E,
         D=D, BD=triton.next_power_of_2(D), BT=chunk, LOG2_BT=chunk.bit_length() - 1,
-        VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
+        LOG2_SPLIT=log2_split(chunk, inv_split), VARLEN=doc_start is not None, DOT_PREC=dot_prec,
+        INV_PREC=inv_prec, num_warps=num_warps,
     )
     return linv
 

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
+from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 from titan_delta_kernels.deltaformer.prep import _online_step
-from titan_delta_kernels.deltaformer.solve import unit_lower_inverse
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def _wave_fwd_kernel(
     X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, DOC_START,
     T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr,
+    LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
@@ -185,12 +185,12 @@ def _wave_fwd_kernel(
     tl.store(R + vu_ptrs, acc * (corr / l_safe)[:, None], mask=vu_mask)
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     neg = -tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0) * beta[:, None]
-    inv_ptrs = LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :]
-    tl.store(inv_ptrs, unit_lower_inverse(neg, BT, LOG2_BT, INV_PREC))
+    inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
+    store_unit_lower_inverse(inv_base, neg, BT, LOG2_BT, LOG2_SPLIT, INV_PREC)
     tl.debug_barrier()  # the loads below may map elements to other threads than these stores
     acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
-    inv = tl.load(inv_ptrs)
+    inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
                   qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
 
@@ -230,7 +230,8 @@ def _wave_bwd_kernel(
     X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END,
     T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_INV: tl.constexpr,
+    LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr,
+    HAS_INV: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
@@ -259,9 +260,9 @@ def _wave_bwd_kernel(
         in_block = in_block & (cols[None, :] >= doc_c[:, None])
     s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
     p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
-    inv_ptrs = LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :]
+    inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
     if not HAS_INV:  # built first and parked in scratch memory: the key loop needs the registers
-        tl.store(inv_ptrs, unit_lower_inverse(-p_cc * beta[:, None], BT, LOG2_BT, INV_PREC))
+        store_unit_lower_inverse(inv_base, -p_cc * beta[:, None], BT, LOG2_BT, LOG2_SPLIT, INV_PREC)
         tl.debug_barrier()
     # Everything that does not wait for later chunks goes into the accumulator first: the source and,
     # for w = q, the α-weighted part of dO that reaches U through (P U) of this chunk (see ``solve``).
@@ -281,7 +282,7 @@ def _wave_bwd_kernel(
         pt = _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
                               D, BD, BT, VARLEN, DOT_PREC)
         acc = _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV, BV, BT, DOT_PREC)
-    inv = tl.load(inv_ptrs)
+    inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
         j = c + DEFER - i
         if j <= j_last:
@@ -314,10 +315,10 @@ def wave_forward(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
     doc_start: torch.Tensor | None, *, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
-    num_warps: int, num_stages: int,
+    num_warps: int, num_stages: int, inv_split: int = 1,
 ) -> None:
     """The whole stage-1 forward: lse (fp32 [B, H, T]), U and P·U in place, o when given (w = q), and the
-    diagonal-block inverses in ``linv`` (``inverse_buffer``)."""
+    diagonal-block inverses in ``linv`` (``inverse_buffer``; ``inv_split`` block rows, ``inverse.py``)."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
     n_chunks = triton.cdiv(T, chunk)
@@ -327,9 +328,9 @@ def wave_forward(
         x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scratch, flags,
         doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, scale * LOG2_E,
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
-        LOG2_BT=chunk.bit_length() - 1, DEFER=defer, FUSED_OUT=o is not None,
-        VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
-        num_stages=num_stages,
+        LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
+        FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 
@@ -337,7 +338,7 @@ def wave_backward(
     x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
     y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor | None,
     doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, scale: float, chunk: int, defer: int,
-    dot_prec: str, inv_prec: str, num_warps: int, num_stages: int,
+    dot_prec: str, inv_prec: str, num_warps: int, num_stages: int, inv_split: int = 1,
 ) -> None:
     """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place. The inverses are rebuilt
     (into a transient buffer) unless the forward kept them (``linv``)."""
@@ -353,7 +354,8 @@ def wave_backward(
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E,
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
-        LOG2_BT=chunk.bit_length() - 1, DEFER=defer, HAS_ALPHA=alpha is not None, HAS_INV=kept,
+        LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
+        HAS_ALPHA=alpha is not None, HAS_INV=kept,
         VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -80,9 +80,9 @@ fi
 
 tests="${DF_TESTS:-quick}"
 test_files=(tests/kernels/test_deltaformer_triton.py tests/kernels/test_deltaformer_variants.py
-            tests/kernels/test_deltaformer_wavefront.py)
+            tests/kernels/test_deltaformer_wavefront.py tests/kernels/test_deltaformer_inverse.py)
 case "$tests" in
-  quick) select=(-k "${DF_TEST_K:-wave or variant or varlen or long_sequence or compile_fullgraph or (matches_fp32_reference and (1000 or 777))}")
+  quick) select=(-k "${DF_TEST_K:-wave or split or variant or varlen or long_sequence or compile_fullgraph or (matches_fp32_reference and (1000 or 777))}")
          limit="${DF_TEST_TIMEOUT:-240}" ;;
   full) select=(); limit="${DF_TEST_TIMEOUT:-400}" ;;
   none) select=(); limit=0 ;;

@@ -18,7 +18,10 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3")
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
 # and 4, gates near 1), although its own K = V = 128 test passed.
-DEFAULT_FLAGS = ("save_states",)
+# Since the fifth session the default adds fastwy (with 2 warps, its own default) and bf16x3: all 15 GPU tests
+# of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
+# ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
+DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -32,9 +35,8 @@ DEFAULT_FLAGS = ("save_states",)
 # state are the default's; the CPU emulation keeps every gradient well inside the GPU tolerances where lowp
 # failed. bf16x3: the same layout fix at no precision cost: Wᵀ·dδ as three bf16 products (hi·hi + hi·lo +
 # lo·hi, ~2^-16 relative, tighter than tf32). H200, state_bwd at [4,4096,16,128], n_h = 2: 0.456 ms
-# (lowp_state) and 0.622 ms (bf16x3), against 1.224; both passed lowp_safe's 4 GPU accuracy tests. Opt-in
-# until the default path's GPU tests and fwd+bwd tables ran with them. lowp_state wins over bf16x3, and lowp
-# (W already 16-bit) over both.
+# (lowp_state) and 0.622 ms (bf16x3), against 1.224; both passed lowp_safe's 4 GPU accuracy tests. bf16x3 is
+# in the default (below); lowp_state (faster, but rounds) stays opt-in, as does lowp (W already 16-bit).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

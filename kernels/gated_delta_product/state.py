@@ -227,13 +227,16 @@ def state_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32).
 
-    ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W (1 and 3 give 0's
-    kernel for 16-bit W).
+    ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W from 16-bit inputs
+    (1 and 3 give 0's kernel for 16-bit W and for fp32 inputs).
     """
     if wt_mode not in WT_MODES:
         raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
-    if w.dtype != torch.float32 or (wt_mode == 1 and k.dtype == torch.float32):
-        wt_mode = 0  # 16-bit W is a 16-bit operand already; fp32 inputs keep fp32 (tf32) operands
+    if w.dtype != torch.float32 or k.dtype == torch.float32:
+        # 16-bit W is a 16-bit operand already; fp32 inputs keep fp32 operands: bf16x3 (now in the default)
+        # is measured and GPU-tested for 16-bit inputs, and its 16-bit halves lack fp32's exponent range
+        # under the CPU interpreter (fp16 there), where the fp32 tests check the default path at 1e-5
+        wt_mode = 0
     _, _, H, K = k.shape
     V = d_vlocal.shape[-1]
     BK, BV = _blocks(K, V, block_v)

@@ -200,6 +200,11 @@ def wy_fast_kernel(
                  mask=m3[:, None] & m_v[None, :])  # fmt: skip
 
 
+# 2 warps: the UT transform at [4,4096,16,128], n_h = 2 went 0.889 -> 0.584 ms against 4 (H200, 2026-11-21,
+# docs/benchmarks.md); ``wywarps=N`` overrides it.
+FAST_WY_WARPS = 2
+
+
 def wy_fwd_fast(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -225,6 +230,6 @@ def wy_fwd_fast(
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=max(16, triton.next_power_of_2(K)),
         BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        num_warps=num_warps or 4,
+        num_warps=num_warps or FAST_WY_WARPS,
     )  # fmt: skip
     return t_inv, w, u

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import os
+import statistics
 import sys
+import time
 import types
 
 import torch
@@ -96,6 +98,50 @@ def _bench_pair(forward, inputs: list[torch.Tensor], d_out: torch.Tensor) -> tup
     return t_fwd, _time(step, inputs)
 
 
+def _host_ms(fn, reps: int = 30) -> float:
+    """Median host time to enqueue ``fn`` from an idle GPU: when it exceeds the GPU time, the host (Python
+    and launch overhead) sets the pace that do_bench measures."""
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(times)
+
+
+def _graph_ms(fn) -> float:
+    """GPU time alone: ``fn`` captured in a CUDA graph, its replays timed by do_bench."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median")
+
+
+def _host_row(shape, name: str, forward, inputs, d_out) -> None:
+    """Host enqueue times of fwd and fwd+bwd, and the forward's GPU time without the host (CUDA graph)."""
+    def step():
+        forward(*inputs).backward(d_out)
+
+    try:
+        with torch.no_grad():
+            fwd_host = _host_ms(lambda: forward(*inputs))
+            fwd_graph = _graph_ms(lambda: forward(*inputs))
+        both_host = _host_ms(step)
+    except Exception as err:
+        print(f"# host timing of {name} failed on {list(shape)}: {type(err).__name__}: {str(err)[:300]}",
+              flush=True)
+        return
+    print(f"| {list(shape)} | {name} | {fwd_host:.3f} | {both_host:.3f} | {fwd_graph:.3f} |", flush=True)
+
+
 def _inputs(shape, dtype, device):
     B, T, H, D = shape
     q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3))
@@ -140,8 +186,9 @@ def _warm(shape, dtype, device, sweeps) -> None:
     _set_env({})
 
 
-def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla) -> None:
-    """Print one table row per implementation for one shape, SDPA first (the ratios' reference)."""
+def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla, host: bool = False) -> None:
+    """Print one table row per implementation for one shape, SDPA first (the ratios' reference); with
+    ``host``, then one row of host and CUDA-graph times per variant of ours."""
     from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 
     q, k, v, beta, d_out = _inputs(shape, dtype, device)
@@ -176,6 +223,18 @@ def _bench_shape(shape, dtype, device, sweeps, separate_w: bool, fla) -> None:
         row("titan-delta, separate w", ours, [*leaves, torch.randn_like(q).requires_grad_(True)])
     if fla is not None:
         row("FLA 0.6.0", lambda q, k, v, beta: fla(q, k, v, beta), leaves)
+    if not host:
+        return
+    print("\n| shape [B,T,H,D] | impl | fwd host ms | fwd+bwd host ms | fwd GPU ms (CUDA graph) |")
+    print("|---|---|---|---|---|", flush=True)
+    _host_row(shape, "SDPA causal", sdpa, leaves, d_out)
+    for env in sweeps:
+        _set_env(env)
+        settings = [f"{key.split('_')[-1].lower()}={val}" for key, val in env.items() if val]
+        _host_row(shape, " ".join(["titan-delta", *settings]), ours, leaves, d_out)
+    _set_env({})
+    print("\n| shape [B,T,H,D] | impl | fwd ms | fwd+bwd ms | fwd / SDPA fwd | fwd+bwd / SDPA fwd+bwd |")
+    print("|---|---|---|---|---|---|", flush=True)
 
 
 def main() -> None:
@@ -194,6 +253,8 @@ def main() -> None:
                         help="'|' list of kernel variant specs, e.g. '|fused,keepinv' ('' = defaults)")
     parser.add_argument("--warm", action="store_true", help="only compile (run each sweep entry once)")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdown of ours")
+    parser.add_argument("--host", action="store_true",
+                        help="also host enqueue times and the forward's GPU time under a CUDA graph")
     parser.add_argument("--profile-variant", default="",
                         help="'|' list of variant specs to profile with --profile ('' = defaults)")
     args = parser.parse_args()
@@ -217,7 +278,7 @@ def main() -> None:
     print("| shape [B,T,H,D] | impl | fwd ms | fwd+bwd ms | fwd / SDPA fwd | fwd+bwd / SDPA fwd+bwd |")
     print("|---|---|---|---|---|---|", flush=True)
     for text in args.shapes.split(","):
-        _bench_shape(_parse_shape(text), dtype, device, sweeps, args.separate_w, fla)
+        _bench_shape(_parse_shape(text), dtype, device, sweeps, args.separate_w, fla, args.host)
         torch.cuda.empty_cache()
     if args.profile:
         for text in args.shapes.split(","):

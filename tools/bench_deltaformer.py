@@ -142,6 +142,34 @@ def _host_row(shape, name: str, forward, inputs, d_out) -> None:
     print(f"| {list(shape)} | {name} | {fwd_host:.3f} | {both_host:.3f} | {fwd_graph:.3f} |", flush=True)
 
 
+def _host_profile(shape, dtype, device, variant: str = "", calls: int = 20) -> None:
+    """cProfile of the host side of ``calls`` forwards (no grad) and of ``calls`` fwd+bwd of ours: where
+    the Python and launch time goes (the GPU runs behind; one synchronisation at the end)."""
+    import cProfile
+    import pstats
+
+    from titan_delta_kernels.deltaformer import deltaformer_attn_triton
+
+    q, k, v, beta, d_out = _inputs(shape, dtype, device)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, beta)]
+    scale = shape[-1] ** -0.5
+    deltaformer_attn_triton(*leaves, scale=scale, variant=variant).backward(d_out)
+    torch.cuda.synchronize()
+    for name, grad in (("forward, no grad", False), ("fwd+bwd", True)):
+        profiler = cProfile.Profile()
+        with torch.set_grad_enabled(grad):
+            profiler.enable()
+            for _ in range(calls):
+                out = deltaformer_attn_triton(*leaves, scale=scale, variant=variant)
+                if grad:
+                    out.backward(d_out)
+            profiler.disable()
+        torch.cuda.synchronize()
+        print(f"# host profile, {calls} calls of {name}, shape {list(shape)}, "
+              f"variant {variant or 'defaults'!r}")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+
+
 def _inputs(shape, dtype, device):
     B, T, H, D = shape
     q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype) for _ in range(3))
@@ -253,6 +281,8 @@ def main() -> None:
                         help="'|' list of kernel variant specs, e.g. '|fused,keepinv' ('' = defaults)")
     parser.add_argument("--warm", action="store_true", help="only compile (run each sweep entry once)")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdown of ours")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="cProfile of the host side of ours, per --profile-variant")
     parser.add_argument("--host", action="store_true",
                         help="also host enqueue times and the forward's GPU time under a CUDA graph")
     parser.add_argument("--profile-variant", default="",
@@ -280,6 +310,10 @@ def main() -> None:
     for text in args.shapes.split(","):
         _bench_shape(_parse_shape(text), dtype, device, sweeps, args.separate_w, fla, args.host)
         torch.cuda.empty_cache()
+    if args.host_profile:
+        for text in args.shapes.split(","):
+            for spec in args.profile_variant.split("|") if args.profile_variant else [""]:
+                _host_profile(_parse_shape(text), dtype, device, spec)
     if args.profile:
         for text in args.shapes.split(","):
             for spec in args.profile_variant.split("|") if args.profile_variant else [""]:

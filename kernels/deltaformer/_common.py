@@ -7,6 +7,7 @@ device, ``doc_start[t]`` and ``doc_end[t]``, so no kernel launch ever reads ``cu
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -48,6 +49,7 @@ class BlockConfig:
     wave_defer: int = 2  # key chunks a wavefront program takes one by one as they are solved
     wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
     inverse_split: int = 1  # block rows of the diagonal-block inverses; 1 = doubling (``inverse.py``)
+    backward_superblock: int = 0  # superblock rows of the (non-wavefront) backward; 0 = ``superblock``
 
     def __post_init__(self) -> None:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
@@ -62,6 +64,9 @@ class BlockConfig:
                 f"BlockConfig.superblock must be a positive multiple of chunk={self.chunk}, "
                 f"got {self.superblock}"
             )
+        if self.backward_superblock < 0 or self.backward_superblock % self.chunk:
+            raise ValueError(f"BlockConfig.backward_superblock must be 0 or a positive multiple of "
+                             f"chunk={self.chunk}, got {self.backward_superblock}")
         if self.value_split < 1:
             raise ValueError(f"BlockConfig.value_split must be >= 1, got {self.value_split}")
         if self.solve_keys and (self.solve_keys < 16 or self.solve_keys & (self.solve_keys - 1)):
@@ -87,6 +92,10 @@ class BlockConfig:
                              f"with rows a multiple of chunk={self.chunk}, got {prep}")
 
     @property
+    def bwd_superblock(self) -> int:
+        return self.backward_superblock or self.superblock
+
+    @property
     def solve_tile(self) -> int:
         """Key tile of the forward solve's inner loop (row tile of the backward's)."""
         return self.solve_keys or self.chunk
@@ -109,11 +118,25 @@ def _env_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
                          f"'rows,keys,warps,stages;keys,rows,warps,stages', got {text!r}") from err
 
 
+_CONFIG_ENV = ("TITAN_DELTA_DF_SUPERBLOCK", "TITAN_DELTA_DF_VSPLIT", "TITAN_DELTA_DF_TILES",
+               "TITAN_DELTA_DF_VARIANT")
+
+
 def default_config(head_dim: int, value_dim: int, seq_len: int, variant: str = "") -> BlockConfig:
     """Tiles for the GPU (64-row chunks) and small ones for the CPU interpreter, where tests are tiny;
-    then the opt-in ``variant`` (or, when it is empty, ``TITAN_DELTA_DF_VARIANT``) on top."""
-    base = _base_config(head_dim, value_dim, seq_len)
-    return apply_variant(base, variant or os.environ.get("TITAN_DELTA_DF_VARIANT", ""))
+    then the opt-in ``variant`` (or, when it is empty, ``TITAN_DELTA_DF_VARIANT``) on top. Cached on
+    everything it reads: the host time of an op call matters at small shapes (docs/benchmarks.md, run 14)."""
+    env = tuple(os.environ.get(name) for name in _CONFIG_ENV)
+    if not all(type(n) is int for n in (head_dim, value_dim, seq_len)):  # symbolic sizes (fake tensors)
+        return _config.__wrapped__(head_dim, value_dim, seq_len, variant, interpreting(), env)
+    return _config(head_dim, value_dim, seq_len, variant, interpreting(), env)
+
+
+@functools.lru_cache(maxsize=256)
+def _config(head_dim: int, value_dim: int, seq_len: int, variant: str, _interpreting: bool,
+            env: tuple[str | None, ...]) -> BlockConfig:
+    base = _base_config(head_dim, value_dim, seq_len)  # reads the same environment as the key
+    return apply_variant(base, variant or env[-1] or "")
 
 
 def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
@@ -121,9 +144,15 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
         return BlockConfig(chunk=16, superblock=32, value_split=1, num_warps=4, num_stages=1,
                            row_tiles=(16, 16, 4, 1), col_tiles=(16, 16, 4, 1), fused_prep=True)
     env = os.environ.get("TITAN_DELTA_DF_SUPERBLOCK")
-    # Best of {256, 512, 1024} on an H200 (docs/benchmarks.md, run 3): 256 at T = 8192 (less sequential
-    # work per (b, h)), 512 at T = 2048 (fewer, fuller parallel launches). Other lengths are untuned.
-    superblock = int(env) if env else (256 if seq_len >= 8192 else 512)
+    # The backward's superblocks: best of {256, 512, 1024} on an H200 (docs/benchmarks.md, run 3): 256 at
+    # T = 8192 (less sequential work per (b, h)), 512 at T = 2048. The forward's are twice as long since
+    # its solves became wavefronts: each superblock costs two launches, and the host time of those set the
+    # pace — at [2,8192,32,128] the forward took 4.53 ms on the host against 4.00 ms on the GPU with 256,
+    # 1.64 against 4.09 with 512 (do_bench 4.16 ms against 4.73-5.30 in three runs); at [8,2048,16,64]
+    # 1.08 against 0.52 with 512, 0.82 against 0.51 with 1024 (run 14). Other lengths are untuned.
+    backward_superblock = 256 if seq_len >= 8192 else 512
+    superblock = int(env) if env else 2 * backward_superblock
+    backward_superblock = 0 if env else backward_superblock
     split_env = os.environ.get("TITAN_DELTA_DF_VSPLIT")
     value_split = int(split_env) if split_env else max(1, triton.next_power_of_2(value_dim) // 64)
     width = max(head_dim, value_dim)
@@ -149,7 +178,10 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     wave_forward = "superblock" if fused else ""
     wave_backward = width <= 64
     wave_tiles = (4, 3, 4, 3) if width <= 64 else (8, 2, 8, 2)
-    return BlockConfig(chunk=chunk, superblock=superblock, value_split=value_split,
+    if not fused:  # the separate launches keep one superblock size for both passes
+        superblock, backward_superblock = backward_superblock or superblock, 0
+    return BlockConfig(chunk=chunk, superblock=superblock, backward_superblock=backward_superblock,
+                       value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
                        col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles,
                        wave_forward=wave_forward, wave_backward=wave_backward, wave_tiles=wave_tiles)
@@ -170,7 +202,8 @@ _WAVE_TOKENS = {"wave": {"wave_forward": "full", "wave_backward": True},
                 "wavesb": {"wave_forward": "superblock"}, "wavebwd": {"wave_backward": True},
                 "superblocks": {"wave_forward": "", "wave_backward": False}}
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
-               "vsplit": "value_split", "defer": "wave_defer", "invsplit": "inverse_split"}
+               "vsplit": "value_split", "defer": "wave_defer", "invsplit": "inverse_split",
+               "bsb": "backward_superblock"}
 
 
 def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
@@ -181,10 +214,12 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``unfused`` (separate launches, the default before run 4 and above D = 128),
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
     solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
-    ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows), ``ptile=R:K:W:S`` (tiles of the fused
-    launch; rows a multiple of chunk), ``wave`` (both solves as one wavefront launch each, ``wavefront.py``),
+    ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows of both passes), ``bsb=N`` (of the
+    backward only), ``ptile=R:K:W:S`` (tiles of the fused launch; rows a multiple of chunk), ``wave``
+    (both solves as one wavefront launch each, ``wavefront.py``),
     ``wavesb`` (the superblock forward with a wavefront inside each superblock, ``superblock_wave.py``),
-    ``wavebwd`` (the backward as one wavefront launch), ``superblocks`` (no wavefront),
+    ``wavebwd`` (the backward as one wavefront launch), ``superblocks`` (no wavefront; the backward's
+    superblocks for both passes),
     ``defer=N`` (key chunks a wavefront program takes one by one), ``wtile=W:S:W:S`` (warps and stages of
     the wavefront launches, forward then backward), ``invsplit=N`` (diagonal-block inverses by N×N blocks
     and block substitution instead of doubling, ``inverse.py``; chunk / N >= 16)."""
@@ -199,6 +234,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
             changes.update(fused_prep=False, overlap=False)
         elif name in _WAVE_TOKENS and not value:
             changes.update(_WAVE_TOKENS[name])
+            if name == "superblocks":  # the run 8 default: one superblock size, the backward's
+                changes.update(superblock=cfg.bwd_superblock, backward_superblock=0)
         elif name == "wtile" and value:
             changes["wave_tiles"] = _ints(value, 4, token)
         elif name in _INT_TOKENS and value:
@@ -212,6 +249,11 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     chunk = changes.get("chunk", cfg.chunk)
     superblock = changes.get("superblock", cfg.superblock)
     changes["superblock"] = max(chunk, superblock // chunk * chunk)
+    if "superblock" in changes and "backward_superblock" not in changes:
+        changes["backward_superblock"] = 0  # sb=N sets both passes unless bsb=N says otherwise
+    if changes.get("backward_superblock", cfg.backward_superblock):
+        bsb = changes.get("backward_superblock", cfg.backward_superblock)
+        changes["backward_superblock"] = max(chunk, bsb // chunk * chunk)
     prep = changes.get("prep_tiles", cfg.prep_tiles)
     if prep is not None and "prep_tiles" not in changes and prep[0] % chunk:
         changes["prep_tiles"] = (chunk, *prep[1:])  # a larger chunk than the default tiles' rows

@@ -225,7 +225,7 @@ def backward_pass(
     elif linv is None:
         linv = _inverses(x, k, beta, lse1, doc_start, scale, cfg, solve)
     partial = None
-    for lo, hi in ([] if cfg.wave_backward else reversed(_superblocks(T, cfg.superblock))):
+    for lo, hi in ([] if cfg.wave_backward else reversed(_superblocks(T, cfg.bwd_superblock))):
         if hi < T:
             if partial is None:
                 partial = new_buffer(v.shape, **f32)

@@ -40,6 +40,8 @@ CPU_CASES = {
     "sb_varlen_keepinv_unfused": ("wavesb,unfused,keepinv,sb=80", 1, 90, 1, 16, 32, False, [0, 33, 34, 90]),
     "sb_single_token": ("wavesb", 1, 1, 1, 16, 16, False, None),
     "backward_only_varlen": ("wavebwd,sb=64", 1, 75, 2, 16, 16, False, [0, 20, 21, 75]),
+    # forward superblocks twice the backward's (the GPU defaults since run 14)
+    "sb_longer_than_backward": ("wavesb,sb=64,bsb=32", 1, 100, 2, 16, 16, False, [0, 45, 100]),
 }
 
 
@@ -169,9 +171,15 @@ def test_gpu_defaults_are_the_measured_wavefronts(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(name, raising=False)
     small = _common.default_config(64, 64, 2048)
     assert (small.wave_forward, small.wave_backward, small.wave_tiles) == ("superblock", True, (4, 3, 4, 3))
+    assert (small.superblock, small.bwd_superblock) == (1024, 512)  # the forward's: fewer launches (run 14)
     large = _common.default_config(128, 128, 8192)
-    assert (large.wave_forward, large.wave_backward, large.superblock) == ("superblock", False, 256)
+    assert (large.wave_forward, large.wave_backward) == ("superblock", False)
+    assert (large.superblock, large.bwd_superblock) == (512, 256)
     wide = _common.default_config(256, 256, 2048)
     assert (wide.fused_prep, wide.wave_forward, wide.wave_backward) == (False, "", False)
+    assert (wide.superblock, wide.bwd_superblock) == (512, 512)
+    assert _common.apply_variant(large, "sb=128").bwd_superblock == 128  # sb=N sets both passes
+    assert _common.apply_variant(large, "sb=1024,bsb=100").bwd_superblock == 64  # rounded down to chunks
     old = _common.default_config(64, 64, 2048, "superblocks")
     assert (old.wave_forward, old.wave_backward, old.fused_prep) == ("", False, True)
+    assert (old.superblock, old.bwd_superblock) == (512, 512)

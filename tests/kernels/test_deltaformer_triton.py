@@ -277,6 +277,15 @@ def test_gpu_long_sequence_with_beta_one_stays_finite() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_default_superblocks_at_long_length_match_reference(D: int) -> None:
+    """T >= 8192 with the GPU defaults: many forward superblocks (512 rows), and at D = 128 backward
+    superblocks of another size (256 rows); T is not a multiple of either."""
+    errors = _gpu_check(1, 8192 + 37, 2, D, separate_w=False, dtype=torch.bfloat16)
+    print(f"[1,8229,2,{D}] defaults: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+
+
+@pytest.mark.gpu
 def test_gpu_compile_fullgraph_matches_eager() -> None:
     q, k, v, beta, _ = _make(2, 512, 4, 64, 64, separate_w=False, dtype=torch.bfloat16, device="cuda")
     proj = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) * 0.125

@@ -148,7 +148,7 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     # T = 8192 (less sequential work per (b, h)), 512 at T = 2048. The forward's are twice as long since
     # its solves became wavefronts: each superblock costs two launches, and the host time of those set the
     # pace — at [2,8192,32,128] the forward took 4.53 ms on the host against 4.00 ms on the GPU with 256,
-    # 1.64 against 4.09 with 512 (do_bench 4.16 ms against 4.73-5.30 in three runs); at [8,2048,16,64]
+    # 1.64 against 4.09 with 512 (do_bench 4.16 ms; the default's 4.03-5.30 in three runs); at [8,2048,16,64]
     # 1.08 against 0.52 with 512, 0.82 against 0.51 with 1024 (run 14). Other lengths are untuned.
     backward_superblock = 256 if seq_len >= 8192 else 512
     superblock = int(env) if env else 2 * backward_superblock

@@ -218,6 +218,15 @@ def _gpu_check(B, T, H, D, *, separate_w, dtype, cu=None, tol_out=6e-3, tol_grad
     return _compare(ours, ours_grads, ref, ref_grads, tol_out, tol_grad)
 
 
+def check_variant_on_gpu(variant: str, B: int, T: int, H: int, D: int,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 kernels under ``variant`` (through the environment, as a training run sets it) against the fp32
+    reference; prints the errors. Shared by the variant, wavefront and split-inverse test files."""
+    monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", variant)
+    errors = _gpu_check(B, T, H, D, separate_w=False, dtype=torch.bfloat16)
+    print(f"[{B},{T},{H},{D}] {variant}: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("B", "T", "H", "D", "separate_w"),

@@ -13,7 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_deltaformer_triton import _gpu_check, _make, check_against_oracle
+from tests.kernels.test_deltaformer_triton import (
+    _gpu_check,
+    _make,
+    check_against_oracle,
+    check_variant_on_gpu,
+)
 from tests.kernels.test_deltaformer_variants import check_opcheck_and_compile
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.deltaformer import deltaformer_attn_triton
@@ -107,9 +112,7 @@ GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wti
 @pytest.mark.parametrize("variant", GPU_WAVE_VARIANTS)
 @pytest.mark.parametrize(("B", "T", "H", "D"), [(2, 1000, 4, 64), (1, 777, 3, 128), (1, 2048, 2, 128)])
 def test_gpu_wave_matches_fp32_reference(variant: str, B, T, H, D, monkeypatch) -> None:
-    monkeypatch.setenv("TITAN_DELTA_DF_VARIANT", variant)
-    errors = _gpu_check(B, T, H, D, separate_w=False, dtype=torch.bfloat16)
-    print(f"[{B},{T},{H},{D}] {variant}: " + ", ".join(f"{n} {e:.2e}" for n, e in errors.items()))
+    check_variant_on_gpu(variant, B, T, H, D, monkeypatch)
 
 
 @pytest.mark.gpu

@@ -3,7 +3,8 @@
 Two ways, same result up to rounding:
   * doubling, (I − X)⁻¹ = Π_j (I + X^(2^j)): X is nilpotent, so log2(chunk) factors are exact. Every step
     is a tensor-core product, but they are chunk×chunk×chunk and form one dependent chain — ten 64³
-    products per chunk at chunk = 64, as much tensor work per chunk as the solve's matmuls themselves;
+    products per chunk at chunk = 64 (the default: on an H200 the blocks below did not make the forward
+    measurably faster, docs/kernels_deltaformer.md, fifth session);
   * blocks (variant ``invsplit=N``): the chunk is cut into N×N blocks of S = chunk / N rows. The diagonal
     blocks are inverted by doubling at size S (independent of each other), then block forward substitution
     fills the rest: Z_ij = Z_ii Σ_{j≤m<i} X_im Z_mj. At chunk = 64 that is 2.25 (N = 2) or 0.6 (N = 4)

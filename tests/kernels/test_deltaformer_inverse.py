@@ -12,15 +12,10 @@ import pytest
 import torch
 
 from tests.kernels.test_deltaformer_triton import check_against_oracle, check_variant_on_gpu
+from tests.kernels.test_deltaformer_variants import poisoned_buffers_default_variant  # noqa: F401 (autouse)
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.deltaformer._common import LOG2_E, BlockConfig, apply_variant, document_tables
 from titan_delta_kernels.deltaformer.solve import diag_inverse
-
-
-@pytest.fixture(autouse=True)
-def _poison_kernel_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TITAN_DELTA_POISON", "1")
-    monkeypatch.delenv("TITAN_DELTA_DF_VARIANT", raising=False)
 
 
 def _expected_inverses(w, k, beta, lse, doc_start, scale: float, chunk: int) -> torch.Tensor:

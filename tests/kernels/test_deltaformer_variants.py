@@ -25,7 +25,9 @@ from titan_delta_kernels.deltaformer._common import BlockConfig, apply_variant
 
 
 @pytest.fixture(autouse=True)
-def _poison_kernel_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+def poisoned_buffers_default_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN-filled kernel buffers and no variant from the environment; also used (imported) by the wavefront
+    and split-inverse test files."""
     monkeypatch.setenv("TITAN_DELTA_POISON", "1")
     monkeypatch.delenv("TITAN_DELTA_DF_VARIANT", raising=False)
 

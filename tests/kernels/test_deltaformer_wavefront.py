@@ -19,17 +19,13 @@ from tests.kernels.test_deltaformer_triton import (
     check_against_oracle,
     check_variant_on_gpu,
 )
-from tests.kernels.test_deltaformer_variants import check_opcheck_and_compile
+from tests.kernels.test_deltaformer_variants import (  # the autouse fixture applies here too
+    check_opcheck_and_compile,
+    poisoned_buffers_default_variant,  # noqa: F401
+)
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 from titan_delta_kernels.deltaformer._common import BlockConfig, apply_variant
-
-
-@pytest.fixture(autouse=True)
-def _poison_kernel_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TITAN_DELTA_POISON", "1")
-    monkeypatch.delenv("TITAN_DELTA_DF_VARIANT", raising=False)
-
 
 CPU_CASES = {
     # name: (variant, B, T, H, D, Dv, separate_w, cu_seqlens); interpreter chunks are 16 rows

@@ -81,10 +81,12 @@ def _fused_superblocks(
         state = new_buffer(lse.shape, device=lse.device, dtype=torch.float32)
     side = _side_stream(x.device) if state is not None else None
 
+    inverses = not (cfg.wave_inverse and cfg.wave_forward == "superblock")
+
     def prep(lo: int, hi: int, **kwargs) -> None:
         prep_superblock(x, k, u, beta, lse, partial, linv, doc_start, row_lo=lo, row_hi=hi, scale=scale,
                         chunk=cfg.chunk, tiles=cfg.prep, dot_prec=solve["dot_prec"],
-                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, **kwargs)
+                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, inverses=inverses, **kwargs)
 
     solved: list[torch.cuda.Event] = []
     prep(*blocks[0])
@@ -145,7 +147,9 @@ def forward_pass(
                                   partial if lo > 0 else None, doc_start, flags, row_lo=lo, row_hi=hi,
                                   superblock=cfg.superblock, scale=scale, chunk=cfg.chunk,
                                   defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
-                                  inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages)
+                                  inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages,
+                                  build_inverse=cfg.wave_inverse and cfg.fused_prep,
+                                  inv_split=cfg.inverse_split)
             return
         solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
                       doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)

@@ -74,7 +74,8 @@ def _prep_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
     HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
-    LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    INVERSES: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    INV_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -135,9 +136,10 @@ def _prep_kernel(
         tl.store(LSE + pid_bh * T + rows, tl.where(has_keys, m_i + tl.log2(l_safe), 0.0), mask=row_ok)
         if TRACK_ACC:
             tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
-        tl.debug_barrier()  # the inverses read these normalisers back
-        _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
-                        D, BD, BT, CHUNK, LOG2_CHUNK, LOG2_SPLIT, VARLEN, DOT_PREC, INV_PREC)
+        if INVERSES:
+            tl.debug_barrier()  # the inverses read these normalisers back
+            _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks,
+                            qk_scale, D, BD, BT, CHUNK, LOG2_CHUNK, LOG2_SPLIT, VARLEN, DOT_PREC, INV_PREC)
     else:
         tl.store(LSE + pid_bh * T + rows, m_i, mask=row_ok)
         tl.store(LSUM + pid_bh * T + rows, l_i, mask=row_ok)
@@ -149,13 +151,15 @@ def prep_superblock(
     partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
     row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
     val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True, inv_split: int = 1,
+    inverses: bool = True,
 ) -> None:
     """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
     row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
     [B·H, n_chunks, chunk, chunk]). Keys with values are [val_lo, row_lo) when ``finish`` else [0, val_lo).
     ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
     which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one.
-    ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``)."""
+    ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``); without ``inverses``
+    ``linv`` is left alone (the ``waveinv`` solve builds them)."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = tiles
@@ -176,6 +180,7 @@ def prep_superblock(
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=rows, BK=keys,
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
-        FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, VARLEN=doc_start is not None,
+        FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, INVERSES=inverses,
+        VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
     )

@@ -43,6 +43,10 @@ CPU_CASES = {
     "backward_only_varlen": ("wavebwd,sb=64", 1, 75, 2, 16, 16, False, [0, 20, 21, 75]),
     # forward superblocks twice the backward's (the GPU defaults since run 14)
     "sb_longer_than_backward": ("wavesb,sb=64,bsb=32", 1, 100, 2, 16, 16, False, [0, 45, 100]),
+    # the superblock wavefront's programs build their chunks' inverses (the preparation launch skips them)
+    "waveinv_varlen_keepinv": ("waveinv,sb=64,keepinv", 1, 101, 1, 16, 16, False, [0, 3, 50, 50, 101]),
+    "waveinv_ragged_sep_w": ("waveinv,wavebwd,sb=48", 2, 77, 1, 16, 32, True, None),
+    "waveinv_split_inverse": ("waveinv,chunk=32,sb=64,invsplit=2", 1, 70, 2, 16, 16, False, [0, 20, 70]),
 }
 
 
@@ -101,7 +105,8 @@ def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
 
 # ----------------------------------------------------------------------------------------------- GPU
 
-GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wtile=4:3:4:3", "wavesb,keepinv"]
+GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wtile=4:3:4:3", "wavesb,keepinv",
+                     "waveinv,keepinv"]
 
 
 @pytest.mark.gpu

@@ -40,6 +40,17 @@ def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
+def _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
+    """``_online_step`` for a tile every row may see whole (no document, causal or length mask): the
+    masks' integer and select work was the busiest pipe of this launch on an H200 (ncu, sixth session)."""
+    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has keys
+    p = tl.exp2(s - m_new[:, None])
+    corr = tl.exp2(m_i - m_new)
+    return m_new, l_i * corr + tl.sum(p, 1), corr, p
+
+
+@triton.jit
 def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
                     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, CHUNK: tl.constexpr,
                     LOG2_CHUNK: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr,
@@ -74,8 +85,8 @@ def _prep_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
     HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
-    INVERSES: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    INV_PREC: tl.constexpr,
+    INVERSES: tl.constexpr, FULL_TILES: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -107,7 +118,16 @@ def _prep_kernel(
         m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BT], dtype=tl.float32)
         acc = tl.zeros([BT, BV], dtype=tl.float32)
-    if HAS_VALUES:  # 1. keys of solved superblocks: all before every row, only documents mask
+    if HAS_VALUES and FULL_TILES:  # 1. keys of solved superblocks, whole tiles: no mask at all
+        for i0 in range(val_start, val_hi, BK):
+            cols = i0 + tl.arange(0, BK)
+            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                         other=0.0)
+            m_i, l_i, corr, p = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
+            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
+                           other=0.0)
+            acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+    elif HAS_VALUES:  # 1. keys of solved superblocks: all before every row, only documents mask
         for i0 in range(val_start, val_hi, BK):
             cols = i0 + tl.arange(0, BK)
             col_ok = cols < val_hi
@@ -121,7 +141,17 @@ def _prep_kernel(
                            mask=col_ok[:, None] & v_ok[None, :], other=0.0)
             acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     if FINISH:
-        for i0 in range(own_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
+        diag_lo = own_lo
+        if not VARLEN:  # 2a. whole key tiles of this superblock before the row tile: no mask
+            diag_lo = own_lo + (t0 - own_lo) // BK * BK
+            for i0 in range(own_lo, diag_lo, BK):
+                cols = i0 + tl.arange(0, BK)
+                kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                             other=0.0)
+                m_i, l_i, corr, _ = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
+                if TRACK_ACC:
+                    acc = acc * corr[:, None]
+        for i0 in range(diag_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
             cols = i0 + tl.arange(0, BK)
             kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
                          mask=(cols < T)[:, None] & d_ok[None, :], other=0.0)
@@ -181,6 +211,7 @@ def prep_superblock(
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
         FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, INVERSES=inverses,
+        FULL_TILES=doc_start is None and (val_hi - val_lo) % keys == 0,
         VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
     )

@@ -65,10 +65,14 @@ def _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale,
                  D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
                  DOT_PREC: tl.constexpr):
     """P[rows, chunk j] with the rows' final normalisers: needs no solved values, so a program computes
-    it before waiting for the chunk's flag."""
+    it before waiting for the chunk's flag. Without documents nothing is masked: every key of an earlier
+    chunk is before every row, and rows past the end (x = 0, lse = 0) get finite values that are never
+    stored (their inverse rows are the identity's and their v and β are 0)."""
     kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    return tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+    if VARLEN:
+        return tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+    return tl.exp2(s - lse[:, None])
 
 
 @triton.jit

@@ -68,6 +68,32 @@ def test_inverse_launch_matches_fp64(split: int, cu: list[int] | None) -> None:
     assert rel_rms_error(got[:, -1, :last, :last].double(), want[:, -1, :last, :last]) < 1e-6
 
 
+@pytest.mark.parametrize(("probe", "beta_lo", "beta_hi", "tol"),
+                         [("random", 0.0, 1.0, 2e-3), ("random", 1.5, 2.0, 2e-3),
+                          ("previous", 1.0, 1.0, 1e-4), ("previous", 1.5, 1.5, 2e-2)])
+def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float, beta_hi: float,
+                                                      tol: float) -> None:
+    """Under ``tf32`` the doubling takes fp16 operands where the rows of β·P sum to at most
+    FP16_SAFE_ROW_SUM (β ≤ 1) and tf32 ones elsewhere. "previous": every row attends to the token before
+    it alone, so with β = 1.5 the inverse holds (−1.5)^m and the squarings reach 1.5^32 > 65504, which fp16
+    operands would turn into inf; with β = 1 its entries are ±1 (fp16 path, exact)."""
+    torch.manual_seed(7)
+    B, T, H, D, chunk = 1, 64, 1, 64, 64
+    if probe == "random":
+        w, k = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
+    else:  # one-hot keys; row t probes key t − 1 with a score of 40
+        k = torch.eye(T)[None, :, None, :D].clone()
+        w = 40.0 * torch.roll(k, 1, dims=1)
+    beta = beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)
+    scale = 1.0 if probe == "previous" else 0.3
+    lse = _strict_normalisers(w, k, None, scale)
+    got = diag_inverse(w, k, beta, lse, None, scale=scale, chunk=chunk, dot_prec="ieee", inv_prec="tf32",
+                       num_warps=4)
+    want = _expected_inverses(w, k, beta, lse, None, scale, chunk)
+    assert torch.isfinite(got).all()
+    assert rel_rms_error(got.double(), want) < tol
+
+
 CASES = {
     # name: (variant, B, T, H, D, Dv, separate_w, cu_seqlens)
     "fused_wavesb_wavebwd_split2": ("chunk=32,sb=64,invsplit=2,wavesb,wavebwd", 2, 100, 1, 16, 16, False,
@@ -105,6 +131,24 @@ GPU_SPLIT_VARIANTS = ["invsplit=2", "invsplit=4", "wave,invsplit=4", "unfused,in
 @pytest.mark.parametrize(("B", "T", "H", "D"), [(2, 1000, 4, 64), (1, 777, 3, 128)])
 def test_gpu_split_inverse_matches_fp32_reference(variant: str, B, T, H, D, monkeypatch) -> None:
     check_variant_on_gpu(variant, B, T, H, D, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("beta_lo", "beta_hi"), [(0.0, 1.0), (0.9, 1.0), (1.5, 2.0)])
+def test_gpu_inverse_operand_paths_match_fp64(beta_lo: float, beta_hi: float) -> None:
+    """The doubling's fp16-operand path (β ≤ 1) and its tf32 fallback (β up to 2) on the GPU against
+    ``torch.linalg.inv`` in fp64, chunk 64, from the same stored normalisers."""
+    torch.manual_seed(3)
+    B, T, H, D = 1, 512, 4, 64
+    w, k = (torch.randn(B, T, H, D, dtype=torch.bfloat16) for _ in range(2))
+    beta = (beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)).to(torch.bfloat16)
+    lse = _strict_normalisers(w, k, None, D**-0.5)
+    got = diag_inverse(w.cuda(), k.cuda(), beta.cuda(), lse.cuda(), None, scale=D**-0.5, chunk=64,
+                       dot_prec="tf32", inv_prec="tf32", num_warps=4).cpu()
+    want = _expected_inverses(w, k, beta, lse, None, D**-0.5, 64)
+    err = rel_rms_error(got.double(), want)
+    print(f"inverse, beta in ({beta_lo}, {beta_hi}): rel RMS error {err:.2e}")
+    assert torch.isfinite(got).all() and err < 2e-3
 
 
 @pytest.mark.gpu

@@ -1,8 +1,9 @@
 """DeltaFormer Triton kernels as ``torch.library`` custom ops with fake kernels and registered autograd.
 
 Being opaque custom ops, they trace under ``torch.compile(fullgraph=True)``, and activation checkpointing
-simply re-runs the forward op. The ``cu_seqlens`` path builds its document tables on the device, so no
-step reads values back to the host.
+simply re-runs the forward op. Eager calls run the same bodies through a plain ``autograd.Function``, which
+costs less host time per call than the custom-op dispatch. The ``cu_seqlens`` path builds its document
+tables on the device, so no step reads values back to the host.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def _kept_inverse_shape(q: torch.Tensor, v: torch.Tensor, variant: str) -> tuple
     return (B * H, (T + cfg.chunk - 1) // cfg.chunk, cfg.chunk, cfg.chunk) if cfg.keep_inverse else (0,)
 
 
-@torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())
-def _fwd(
+def _forward_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, variant: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o, U, P·U, lse1, lse2 and the kept inverses (or an empty tensor): the body of the forward op."""
     T, D = q.shape[1], q.shape[3]
     cfg = default_config(D, v.shape[-1], T, variant)
     doc_start, doc_end = _tables(cu_seqlens, T)
@@ -52,6 +53,14 @@ def _fwd(
     o, u, pu, lse1, lse2, linv = forward_pass(q32, k32, v32, beta32, w32, doc_start, doc_end, scale, cfg)
     kept = linv if cfg.keep_inverse else linv.new_empty(0)
     return o.to(q.dtype), u.to(v.dtype), pu.to(v.dtype), lse1, lse2, kept
+
+
+@torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())
+def _fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float, variant: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, beta, w, cu_seqlens, scale, variant)
 
 
 @_fwd.register_fake
@@ -63,13 +72,13 @@ def _fwd_fake(q, k, v, beta, w, cu_seqlens, scale, variant=""):
     return q.new_empty(v.shape), torch.empty_like(v), torch.empty_like(v), lse1, lse2, kept
 
 
-@torch.library.custom_op(f"{_LIB}::deltaformer_triton_bwd", mutates_args=())
-def _bwd(
+def _backward_impl(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
     w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, linv: torch.Tensor, scale: float,
     variant: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
     T, D = q.shape[1], q.shape[3]
     cfg = default_config(D, v.shape[-1], T, variant)
     doc_start, doc_end = _tables(cu_seqlens, T)
@@ -79,6 +88,16 @@ def _bwd(
     dw = q.new_empty(0) if dw is None else dw.to(w.dtype).contiguous()
     return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
             dbeta.to(beta.dtype).contiguous(), dw)
+
+
+@torch.library.custom_op(f"{_LIB}::deltaformer_triton_bwd", mutates_args=())
+def _bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
+    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, linv: torch.Tensor, scale: float,
+    variant: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, scale, variant)
 
 
 @_bwd.register_fake
@@ -105,6 +124,28 @@ def _backward(ctx, do, _du, _dpu, _dlse1, _dlse2, _dlinv):
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerDeltaFormer(torch.autograd.Function):
+    """The same forward and backward bodies as the custom ops, for eager calls. The custom-op dispatch
+    (schema binding, its Python autograd wrapper) costs host time on every call: 0.09 ms without and
+    0.22 ms with gradients on the CPU machine, where a whole small-shape forward leaves ~0.45 ms of GPU
+    time to hide the host behind (docs/kernels_deltaformer.md, sixth session). ``torch.compile`` traces the
+    custom ops instead (``deltaformer_attn_triton``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, w, cu_seqlens, scale, variant):  # type: ignore[override]
+        o, u, pu, lse1, lse2, linv = _forward_impl(q, k, v, beta, w, cu_seqlens, scale, variant)
+        ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv)
+        ctx.scale, ctx.variant, ctx.has_w = scale, variant, w is not None
+        return o
+
+    @staticmethod
+    def backward(ctx, do):  # type: ignore[override]
+        q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv = ctx.saved_tensors
+        dq, dk, dv, dbeta, dw = _backward_impl(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv,
+                                               ctx.scale, ctx.variant)
+        return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None, None
 
 
 def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
@@ -156,5 +197,6 @@ def deltaformer_attn_triton(
         return v.to(q.dtype).clone()
     q, k, v, beta = (t.contiguous() for t in (q, k, v, beta))
     w = None if w is None else w.contiguous()
-    o, _, _, _, _, _ = _fwd(q, k, v, beta, w, cu_seqlens, float(scale), variant)
-    return o
+    if torch.compiler.is_compiling():
+        return _fwd(q, k, v, beta, w, cu_seqlens, float(scale), variant)[0]
+    return _EagerDeltaFormer.apply(q, k, v, beta, w, cu_seqlens, float(scale), variant)

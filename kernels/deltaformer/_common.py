@@ -47,7 +47,6 @@ class BlockConfig:
     wave_forward: str = ""
     wave_backward: bool = False
     wave_inverse: bool = False  # (superblock wavefront) each program builds its chunk's inverse itself
-    wave_prefold: bool = False  # (forward wavefronts) one product between a chunk's wait and its flag
     wave_defer: int = 2  # key chunks a wavefront program takes one by one as they are solved
     wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
     inverse_split: int = 1  # block rows of the diagonal-block inverses; 1 = doubling (``inverse.py``)
@@ -203,8 +202,7 @@ def _ints(text: str, count: int, token: str) -> tuple[int, ...]:
 _WAVE_TOKENS = {"wave": {"wave_forward": "full", "wave_backward": True},
                 "wavesb": {"wave_forward": "superblock"}, "wavebwd": {"wave_backward": True},
                 "superblocks": {"wave_forward": "", "wave_backward": False},
-                "waveinv": {"wave_forward": "superblock", "wave_inverse": True, "fused_prep": True},
-                "wavepre": {"wave_prefold": True}}
+                "waveinv": {"wave_forward": "superblock", "wave_inverse": True, "fused_prep": True}}
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
                "vsplit": "value_split", "defer": "wave_defer", "invsplit": "inverse_split",
                "bsb": "backward_superblock"}
@@ -224,8 +222,7 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     ``wavesb`` (the superblock forward with a wavefront inside each superblock, ``superblock_wave.py``),
     ``wavebwd`` (the backward as one wavefront launch), ``waveinv`` (``wavesb`` whose programs build
     their chunk's inverse before their first wait, so the preparation launch does not), ``superblocks``
-    (no wavefront; the backward's superblocks for both passes), ``wavepre`` (the forward wavefronts form
-    inv·(v − β·acc) and inv·β·P of the previous chunk before waiting for it, ``wavefront._finish_chunk``),
+    (no wavefront; the backward's superblocks for both passes),
     ``defer=N`` (key chunks a wavefront program takes one by one), ``wtile=W:S:W:S`` (warps and stages of
     the wavefront launches, forward then backward), ``invsplit=N`` (diagonal-block inverses by N×N blocks
     and block substitution instead of doubling, ``inverse.py``; chunk / N >= 16)."""

@@ -149,7 +149,7 @@ def forward_pass(
                                   defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
                                   inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages,
                                   build_inverse=cfg.wave_inverse and cfg.fused_prep,
-                                  inv_split=cfg.inverse_split, prefold=cfg.wave_prefold)
+                                  inv_split=cfg.inverse_split)
             return
         solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
                       doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)
@@ -184,8 +184,7 @@ def _wave_forward_pass(
     warps, stages = cfg.wave_tiles[:2]
     wave_forward(q if w is None else w, k, v, u, pu, o if w is None else None, beta, lse1, linv, doc_start,
                  scale=scale, chunk=cfg.chunk, defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
-                 inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages, inv_split=cfg.inverse_split,
-                 prefold=cfg.wave_prefold)
+                 inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages, inv_split=cfg.inverse_split)
     if w is None:
         return o, u, pu, lse1, lse1.new_empty((B, H, 0)), linv
     lse2 = new_buffer((B, H, T), device=q.device, dtype=torch.float32)

@@ -32,7 +32,7 @@ def _superblock_wave_kernel(
     T, H, BH, n_chunks, row_lo, row_hi, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     DEFER: tl.constexpr, HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
-    BUILD_INV: tl.constexpr, LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, PREFOLD: tl.constexpr,
+    BUILD_INV: tl.constexpr, LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(COUNTER, 1)
@@ -81,7 +81,7 @@ def _superblock_wave_kernel(
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
-                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC, PREFOLD)
+                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
 
 
 def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,
@@ -97,13 +97,12 @@ def superblock_wave_solve(
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
     partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, *, row_lo: int,
     row_hi: int, superblock: int, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
-    num_warps: int, num_stages: int, build_inverse: bool = False, inv_split: int = 1, prefold: bool = False,
+    num_warps: int, num_stages: int, build_inverse: bool = False, inv_split: int = 1,
 ) -> None:
     """Rows [row_lo, row_hi) of U, P·U and (w = q) o, as ``solve.solve_forward`` does with one program per
     (b, h); ``flags`` comes from ``superblock_flags`` (one buffer for all superblocks of a forward). With
     ``build_inverse`` each program builds its chunk's inverse into ``linv`` itself (variant ``waveinv``:
-    the preparation launch then skips them), else it reads what the preparation launch left there.
-    ``prefold``: the shorter chain of ``wavefront._finish_chunk`` (variant ``wavepre``)."""
+    the preparation launch then skips them), else it reads what the preparation launch left there."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
     n_chunks = triton.cdiv(T, chunk)
@@ -115,6 +114,5 @@ def superblock_wave_solve(
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk, DEFER=defer,
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
         BUILD_INV=build_inverse, LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
-        PREFOLD=prefold,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,
     )

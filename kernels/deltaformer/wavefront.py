@@ -87,56 +87,27 @@ def _add_chunk_values(acc, p, U, T, H, b, h, j, DV: tl.constexpr, BV: tl.constex
 
 
 @triton.jit
-def _publish_chunk(U, u_c, vu_ptrs, vu_mask, flags, c):
-    """Store the chunk's rows of U and raise its flag: the chain to the next chunk ends here."""
-    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)
-
-
-@triton.jit
 def _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
                   qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
                   BT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
-                  DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, PREFOLD: tl.constexpr = False):
+                  DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
     """The end of a forward wavefront program: the last DEFER chunks (scores first, values once solved),
     the chunk's rows of U and its flag — the chain to the next chunk ends there — then P·U and, for w = q,
-    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``).
-
-    ``PREFOLD`` (variant ``wavepre``) shortens the chain: before waiting for the previous chunk j = c − 1
-    the program forms y = inv·(v − β·acc) and M = inv·diag(β)·P_cj, so once U_j is there only
-    u_c = y − M·U_j stands between the wait and the flag (one product instead of two); P_cj·U_j joins
-    the accumulator after the flag."""
+    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``)."""
     offs = tl.arange(0, BT)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BV)
     vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
     vu_mask = row_ok[:, None] & (offs_v < DV)[None, :]
-    for i in tl.static_range(DEFER - 1 if PREFOLD else DEFER):
+    for i in tl.static_range(DEFER):
         j = c - DEFER + i
         if j >= j_lo:
             p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
             _wait_for(flags, j)
             acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
-    if PREFOLD:
-        if c - 1 >= j_lo:
-            j = c - 1
-            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
-            m = tl.dot(inv, beta[:, None] * p, input_precision=INV_PREC).to(U.dtype.element_ty)
-            p = p.to(U.dtype.element_ty)
-            y = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-            _wait_for(flags, j)
-            cols = j * BT + offs
-            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                           mask=(offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
-            u_c = y - tl.dot(m, vals, input_precision=DOT_PREC)
-            _publish_chunk(U, u_c, vu_ptrs, vu_mask, flags, c)
-            acc = acc + tl.dot(p, vals, input_precision=DOT_PREC)
-        else:
-            u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-            _publish_chunk(U, u_c, vu_ptrs, vu_mask, flags, c)
-    else:
-        u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-        _publish_chunk(U, u_c, vu_ptrs, vu_mask, flags, c)
+    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
+    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)
     k_c = tl.load(K + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
                   mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
@@ -160,7 +131,7 @@ def _wave_fwd_kernel(
     T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, PREFOLD: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
     c = ticket // BH
@@ -225,7 +196,7 @@ def _wave_fwd_kernel(
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
-                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC, PREFOLD)
+                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
 
 
 @triton.jit
@@ -348,7 +319,7 @@ def wave_forward(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
     doc_start: torch.Tensor | None, *, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
-    num_warps: int, num_stages: int, inv_split: int = 1, prefold: bool = False,
+    num_warps: int, num_stages: int, inv_split: int = 1,
 ) -> None:
     """The whole stage-1 forward: lse (fp32 [B, H, T]), U and P·U in place, o when given (w = q), and the
     diagonal-block inverses in ``linv`` (``inverse_buffer``; ``inv_split`` block rows, ``inverse.py``)."""
@@ -363,7 +334,7 @@ def wave_forward(
         D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
         LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
         FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
-        PREFOLD=prefold, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 

@@ -47,10 +47,6 @@ CPU_CASES = {
     "waveinv_varlen_keepinv": ("waveinv,sb=64,keepinv", 1, 101, 1, 16, 16, False, [0, 3, 50, 50, 101]),
     "waveinv_ragged_sep_w": ("waveinv,wavebwd,sb=48", 2, 77, 1, 16, 32, True, None),
     "waveinv_split_inverse": ("waveinv,chunk=32,sb=64,invsplit=2", 1, 70, 2, 16, 16, False, [0, 20, 70]),
-    # one product between a chunk's wait and its flag (variant wavepre), both forward wavefronts
-    "wavepre_sb_varlen": ("wavepre,sb=64", 1, 101, 1, 16, 16, True, [0, 3, 50, 50, 101]),
-    "wavepre_defer1_ragged": ("wavepre,defer=1,sb=80", 2, 77, 1, 16, 32, False, None),
-    "wavepre_full_wave_varlen": ("wave,wavepre", 1, 90, 2, 16, 16, False, [0, 33, 34, 90]),
 }
 
 
@@ -110,7 +106,7 @@ def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wtile=4:3:4:3", "wavesb,keepinv",
-                     "waveinv,keepinv", "wavepre", "wave,wavepre,defer=1"]
+                     "waveinv,keepinv"]
 
 
 @pytest.mark.gpu

@@ -22,14 +22,16 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   state_bwd's Wᵀ·dδ changes operands: rounded to the input dtype (lowp_state), or split into three bf16
   products (bf16x3, tighter than the default's tf32). Either keeps lowp's fast state_bwd, whose speed came
   from this product's operand layout (``state.WT_MODES``). No effect with ``lowp`` (W already 16-bit).
+* ``kslice`` (an ``options`` flag): the backward's per-chunk gradient kernels from ``grads_sliced.py`` (K
+  streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
 """
 
 from __future__ import annotations
 
 import torch
 
+from titan_delta_kernels.gated_delta_product import grads, grads_sliced
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
-from titan_delta_kernels.gated_delta_product.grads import chunk_grads
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
@@ -132,10 +134,12 @@ def gdp_chunk_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
         **launch, wt_mode=opts.wt_mode(),
     )
-    dq, dk, dv, dg, dbeta = chunk_grads(
-        q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,
-        opts.grad_warps,
-    )
+    grad_args = (q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo,
+                 seqs, opts.grad_warps)
+    if opts.kslice:
+        dq, dk, dv, dg, dbeta = grads_sliced.chunk_grads(*grad_args, max_registers=opts.grad_max_registers)
+    else:
+        dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3")
+FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -37,13 +37,18 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3")
 # lo·hi, ~2^-16 relative, tighter than tf32). H200, state_bwd at [4,4096,16,128], n_h = 2: 0.456 ms
 # (lowp_state) and 0.622 ms (bf16x3), against 1.224; both passed lowp_safe's 4 GPU accuracy tests. bf16x3 is
 # in the default (below); lowp_state (faster, but rounds) stays opt-in, as does lowp (W already 16-bit).
+# kslice: the backward's two per-chunk gradient kernels with the head dim K streamed in 64-column slices
+# (grads_sliced.py), same results up to fp32 rounding. grads.py's kernels take 255 registers per thread at
+# K = 128 (one 8-warp block per SM); in offline sm_90 compiles the sliced ones, capped at 128 registers
+# (their default at 8 warps), spill little: 2 blocks per SM. Never run on a GPU: opt-in. gwarps=4: no cap.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
     "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
     "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd or fastwy)
-    "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd
+    "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
+    "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
 }
 # Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
 KNOWN_BAD = {
@@ -63,11 +68,13 @@ class GdpOptions:
     lowp_safe: bool = False
     lowp_state: bool = False
     bf16x3: bool = False
+    kslice: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None
     wy_warps: int | None = None
     grad_warps: int | None = None
+    grad_max_registers: int | None = None
 
     def text(self) -> str:
         """Canonical variant string ('plain' when no flag is on); parses back to ``self``."""

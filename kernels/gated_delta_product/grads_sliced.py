@@ -51,8 +51,11 @@ KSLICE_BLOCK_K = 64
 # (grads.py: 255 at both), so either way only 8 warps fit on an SM. Capped at 128 (``maxnreg``), 8 warps
 # spill little (dqkw 88 B, wy_bwd 160 B of stack, no spill instruction in wy_bwd's loops) and 2 blocks =
 # 16 warps fit per SM (shared memory 80 and 64 KiB per block); 4 warps capped at 128 spill 450-650 B.
-# Hence 8 warps and a 128-register cap by default; with 4 warps (gwarps=4) no cap is set.
-KSLICE_NUM_WARPS = 8
+# On an H200 (docs/benchmarks.md, GDP 22:16 UTC, sixth session) 4 warps without a cap were fastest, fwd+bwd at
+# [4,4096,16,128] n_h = 2: grads.py 4.653 ms, 8 warps capped at 128 4.336, 8 uncapped 4.797, 4 warps 4.023;
+# n_h = 3: 6.931 / 6.447 / 7.104 / 5.943 ms; [8,2048,16,64] n_h = 3: 4.132 / 3.105 / – / 2.955 ms. Hence 4
+# warps by default; gwarps=8 gets the 128-register cap, gregs=N sets another (0: none).
+KSLICE_NUM_WARPS = 4
 KSLICE_MAX_REGISTERS = {8: 128}  # num_warps -> maxnreg, only for 64-step blocks (n_h <= 4)
 
 

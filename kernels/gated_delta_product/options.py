@@ -21,7 +21,7 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # Since the fifth session the default adds fastwy (with 2 warps, its own default) and bf16x3: all 15 GPU tests
 # of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
-DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3")
+DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -39,8 +39,10 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3")
 # in the default (below); lowp_state (faster, but rounds) stays opt-in, as does lowp (W already 16-bit).
 # kslice: the backward's two per-chunk gradient kernels with the head dim K streamed in 64-column slices
 # (grads_sliced.py), same results up to fp32 rounding. grads.py's kernels take 255 registers per thread at
-# K = 128 (one 8-warp block per SM); in offline sm_90 compiles the sliced ones, capped at 128 registers
-# (their default at 8 warps), spill little: 2 blocks per SM. Never run on a GPU: opt-in. gwarps=4: no cap.
+# K = 128 (one 8-warp block per SM). In the default since the sixth session: on an H200 its 4 GPU tests
+# passed and fwd+bwd at [4,4096,16,128] went 4.653 -> 4.023 ms (n_h = 2) and 6.931 -> 5.943 ms (n_h = 3),
+# at [8,2048,16,64] 2.716 -> 1.954 ms (n_h = 2) and 4.132 -> 2.955 ms (n_h = 3), with 4 warps
+# (grads_sliced.KSLICE_NUM_WARPS; docs/benchmarks.md, 22:16 UTC).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

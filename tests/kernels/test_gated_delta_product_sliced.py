@@ -1,4 +1,5 @@
-"""The ``kslice`` variant: the backward's gradient kernels with K streamed in slices (``grads_sliced.py``).
+"""The ``kslice`` flag (in the default since the sixth session): the backward's gradient kernels with K
+streamed in slices (``grads_sliced.py``).
 
 CPU (interpreter): the sliced kernels must give ``grads.py``'s outputs on the same inputs up to fp32
 rounding (one slice, several, a ragged last slice; dk's rows as the ∂L/∂A scratch or a buffer of its own),
@@ -109,11 +110,11 @@ def test_kslice_lowp_fp16_poisoned(monkeypatch):
 
 
 def test_kslice_flag_parses_and_switches_the_kernels(monkeypatch):
-    assert "kslice" not in DEFAULT_FLAGS
+    assert "kslice" in DEFAULT_FLAGS
     opts = parse_options("default+kslice+gwarps=4")
     assert opts == GdpOptions(save_states=True, fastwy=True, bf16x3=True, kslice=True, grad_warps=4)
     assert parse_options(opts.text()) == opts
-    assert not parse_options("default").kslice
+    assert parse_options("default").kslice and not parse_options("save_states+fastwy+bf16x3").kslice
     calls = {"grads": 0, "sliced": 0}
     for name, module in (("grads", grads), ("sliced", grads_sliced)):
         real = module.chunk_grads
@@ -125,7 +126,7 @@ def test_kslice_flag_parses_and_switches_the_kernels(monkeypatch):
 
         monkeypatch.setattr(module, "chunk_grads", counting)
     inputs = make_inputs(1, 9, 1, 16, 16, 2)
-    for variant in ("default+gwarps=4", "default+kslice+gwarps=4"):
+    for variant in ("save_states+fastwy+bf16x3+gwarps=4", "default+gwarps=4"):
         leaves = [inputs[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
         o, _ = variant_kernel(variant)(*leaves, num_householder=2)
         o.sum().backward()
@@ -147,8 +148,8 @@ def test_slice_width_and_register_cap():
     def config(n_h, warps, cap=None):
         return grads_sliced._launch_config(k, 128, True, chunk_geometry(n_h), seqs, warps, None, cap)[0]
 
-    assert config(2, None)["num_warps"] == 8 and config(2, None)["maxnreg"] == 128
-    assert "maxnreg" not in config(2, 4)  # 4 warps: no cap
+    assert config(2, None)["num_warps"] == 4 and "maxnreg" not in config(2, None)  # 4 warps: no cap
+    assert config(2, 8)["maxnreg"] == 128
     assert "maxnreg" not in config(5, 8)  # 128-step blocks: no cap
     assert config(2, 4, 168)["maxnreg"] == 168
 

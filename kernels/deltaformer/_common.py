@@ -215,9 +215,10 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     stream while that superblock is solved),
     ``unfused`` (separate launches, the default before run 4 and above D = 128),
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
-    solves), ``swarps=N`` (warps of the solves and inverses), ``vsplit=N`` (value slices of the solves),
-    ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows of both passes), ``bsb=N`` (of the
-    backward only), ``ptile=R:K:W:S`` (tiles of the fused launch; rows a multiple of chunk), ``wave``
+    solves), ``swarps=N`` (warps of the solves; the separate inverse launch takes at most 4),
+    ``vsplit=N`` (value slices of the solves), ``chunk=N`` (diagonal block rows), ``sb=N`` (superblock rows
+    of both passes), ``bsb=N`` (of the backward only), ``ptile=R:K:W:S`` (tiles of the fused launch; rows
+    a multiple of chunk), ``wave``
     (both solves as one wavefront launch each, ``wavefront.py``),
     ``wavesb`` (the superblock forward with a wavefront inside each superblock, ``superblock_wave.py``),
     ``wavebwd`` (the backward as one wavefront launch), ``waveinv`` (``wavesb`` whose programs build

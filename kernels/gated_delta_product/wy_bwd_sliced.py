@@ -1,0 +1,140 @@
+"""The ``kslice`` UT-transform backward kernel: ``grads.wy_bwd_kernel`` with K streamed in BKS-column slices.
+
+Its launcher, the slice width and the register cap live in ``grads_sliced.py`` (whose docstring describes the
+two passes over K, the [BT, BT] scratch for the transposed half of ∂L/∂A and the register notes). No
+``tl.trans`` (see ``grads.py``): transposed operands come through transposed pointers.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from titan_delta_kernels.gated_delta_product._common import chunk_log_gates, locate_chunk
+
+
+@triton.jit
+def wy_bwd_sliced_kernel(
+    k, v, beta, g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok,
+    dk, dv, dbeta, dg, scr,
+    cu_seqlens, chunk_offsets, T, NT, N, search_steps,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, SCR: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    i_chunk, i_h = tl.program_id(0), tl.program_id(1)
+    _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
+    tok0 = bos + i_c * C
+    if tok0 >= eos:
+        return
+    n_tok = tl.minimum(C, eos - tok0)
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    m_s = o_s < n_tok * NH
+    m_t = o_t < n_tok
+    row0 = tok0.to(tl.int64) * NH * H + i_h
+    q_row0 = tok0.to(tl.int64) * H + i_h
+    rows = o_s * H
+    q_rows = o_t * H
+    k += row0 * K
+    dk += row0 * K
+    dw += row0 * K
+    dk_part += row0 * K
+    v += row0 * V
+    dv += row0 * V
+    d_delta += row0 * V
+    t_inv += row0 * BT
+    scr += row0 * SCR  # row stride SCR: K when scr is dk, BT for a buffer laid out like T
+    beta += row0
+    dbeta += row0
+    dG_step += row0
+    dG_tok += q_row0
+    dg += q_row0
+    kt_ty = k.dtype.element_ty  # grads.py's b_k.dtype
+
+    b_tt = tl.load(t_inv + rows[None, :] * BT + o_s[:, None], mask=m_s[None, :], other=0.0)
+    b_beta = tl.load(beta + rows, mask=m_s, other=0.0).to(tl.float32)
+    G, _, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+    dG = tl.load(dG_step + rows, mask=m_s, other=0.0)
+
+    # U = T diag(β) V  with  ∂L/∂U = dδ. Only (∂L/∂T)ᵀ is built (grads.py builds it both ways round).
+    b_dTt = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_sv = m_s[:, None] & m_v[None, :]
+        m_vs = m_v[:, None] & m_s[None, :]
+        b_v = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
+        b_dd = tl.load(d_delta + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(kt_ty)
+        b_ddt = tl.load(d_delta + rows[None, :] * V + o_v[:, None], mask=m_vs, other=0.0).to(kt_ty)
+        b_tdd = tl.dot(b_tt, b_dd)
+        tl.store(dv + rows[:, None] * V + o_v[None, :], (b_tdd * b_beta[:, None]).to(dv.dtype.element_ty),
+                 mask=m_sv)  # fmt: skip
+        b_dbeta += tl.sum(b_tdd * b_v.to(tl.float32), 1)
+        b_dTt += tl.dot((b_v * b_beta[:, None]).to(kt_ty), b_ddt)
+
+    # W = T diag(β e^G) K, pass 1 over K slices: (∂L/∂T)ᵀ += (β e^G k) ∂L/∂Wᵀ.
+    eg = tl.exp(G)
+    beg = b_beta * eg
+    for i_k in range(0, tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_sk, m_ks = m_s[:, None] & (o_k < K)[None, :], (o_k < K)[:, None] & m_s[None, :]
+        b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_dwt = tl.load(dw + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+        b_dTt += tl.dot((b_k * beg[:, None]).to(kt_ty), b_dwt.to(kt_ty))
+
+    # T = (I + A)⁻¹ with A_rj = β_r e^{G_r − G_j} k_r·k_j (r > j): (∂L/∂A)ᵀ = −T (∂L/∂T)ᵀ T. Everything here
+    # is in the transposed frame (k kᵀ is symmetric): row j, column r holds the pair (r, j), r > j.
+    upper = (o_s[:, None] < o_s[None, :]) & m_s[None, :]
+    b_t = tl.load(t_inv + rows[:, None] * BT + o_s[None, :], mask=m_s[:, None], other=0.0)
+    b_dAt = -tl.dot(tl.dot(b_t, b_dTt.to(kt_ty)).to(kt_ty), b_t)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)  # k kᵀ, summed only now (not live through pass 1)
+    for i_k in range(0, tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_sk, m_ks = m_s[:, None] & (o_k < K)[None, :], (o_k < K)[:, None] & m_s[None, :]
+        b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+        b_kk += tl.dot(b_k, b_kt)
+    decay_t = tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
+    b_dAe_t = tl.where(upper, b_dAt * decay_t, 0.0)
+    b_dbeta += tl.sum(b_dAe_t * b_kk, 0)
+    b_dAb_t = b_dAe_t * b_beta[None, :]
+    b_dAk_t = tl.where((o_s // NH)[:, None] < (o_s // NH)[None, :], b_dAb_t * b_kk, 0.0)  # same cancellation
+    dG += tl.sum(b_dAk_t, 0) - tl.sum(b_dAk_t, 1)
+    # grads.py's two dk products take ∂L/∂A·β (lower triangle) and its transpose (upper), each rounded to
+    # k's dtype: they have disjoint supports, so one product with their sum (exact in k's dtype) is the same.
+    # Both halves are read back from the scratch, so the pass-2 product does not chain to the ones above.
+    tl.store(scr + rows[:, None] * SCR + o_s[None, :], b_dAb_t.to(kt_ty).to(scr.dtype.element_ty),
+             mask=m_s[:, None])  # fmt: skip
+    tl.debug_barrier()
+    b_dAs = tl.load(scr + rows[None, :] * SCR + o_s[:, None], mask=m_s[None, :], other=0.0).to(kt_ty)
+    b_dAs += tl.load(scr + rows[:, None] * SCR + o_s[None, :], mask=m_s[:, None], other=0.0).to(kt_ty)
+    tl.debug_barrier()  # every thread has read the scratch before pass 2 writes dk over it
+
+    # Pass 2: dk = direct dk + ∂L/∂A terms + Tᵀ∂L/∂W · β e^G, slice by slice; β and gate terms of W.
+    kw = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_sk = m_s[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_dw = tl.load(dw + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        b_tdw = tl.dot(b_tt, b_dw.to(kt_ty))
+        b_dk = tl.load(dk_part + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0).to(tl.float32)
+        b_dk = tl.dot(b_dAs, b_k, acc=b_dk)
+        b_dk += b_tdw * beg[:, None]
+        kw += tl.sum(b_tdw * b_k.to(tl.float32), 1)
+        tl.store(dk + rows[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_sk)
+    kw = kw * eg
+    b_dbeta += kw
+    dG += kw * b_beta
+
+    tl.store(dbeta + rows, b_dbeta.to(dbeta.dtype.element_ty), mask=m_s)
+    if USE_G:
+        # Step gradients -> token gradients -> reverse prefix sum (the chunk's G is a prefix sum of g).
+        owner = (o_s // NH)[None, :] == o_t[:, None]
+        dGt = tl.sum(tl.where(owner & m_s[None, :], dG[None, :], 0.0), 1)
+        dGt += tl.load(dG_tok + q_rows, mask=m_t, other=0.0)
+        dGt = tl.where(m_t, dGt, 0.0)
+        b_dg = tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
+        tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)

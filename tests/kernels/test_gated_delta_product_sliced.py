@@ -14,23 +14,16 @@ import pytest
 import torch
 
 from titan_delta.testing import assert_rel_close
-from titan_delta_kernels.gated_delta_product import chunk, gated_delta_product_triton, grads, grads_sliced
+from titan_delta_kernels.gated_delta_product import chunk, grads, grads_sliced
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import DEFAULT_FLAGS, GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 
-from .test_gated_delta_product_fast import ISSUE_TOL
+from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, random_cu_seqlens
 from .test_gated_delta_product_variants import FP16_TOL, check_poisoned
 
 KSLICE = "default+kslice"
-
-
-def variant_kernel(variant: str):
-    def run(*args, **kwargs):
-        return gated_delta_product_triton(*args, variant=variant, **kwargs)
-
-    return run
 
 
 def backward_inputs(n_h: int, T: int, K: int, V: int, cu: list[int] | None, gated: bool = True, H: int = 2):

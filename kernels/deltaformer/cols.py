@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E
 
 
@@ -101,15 +102,16 @@ def col_backward(
     B, T, H, D = x.shape
     DV = y.shape[-1]
     stop = T if key_stop is None else key_stop
-    grid = (triton.cdiv(stop - key_base, keys), B * H)
+    grid = (cdiv(stop - key_base, keys), B * H)
     dummy = lse
-    _col_bwd_kernel[grid](
+    launch(
+        _col_bwd_kernel, grid,
         x, k, vals if vals is not None else dummy, y, lse, dvec if dvec is not None else dummy,
         diag_c if diag_c is not None else dummy, dk if dk is not None else dummy,
         dv_out if dv_out is not None else dummy,
         doc_start if doc_start is not None else dummy, doc_end if doc_end is not None else dummy,
         T, H, key_base, stop, 0 if row_from is None else row_from, scale * LOG2_E, scale,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=block, BK=keys,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
         STRICT=strict, DO_DV=dv_out is not None, DO_DK=dk is not None, HAS_DIAG=diag_c is not None,
         ROWS_FROM=row_from is not None, VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,

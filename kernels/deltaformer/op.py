@@ -52,7 +52,12 @@ def _forward_impl(
     q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
     o, u, pu, lse1, lse2, linv = forward_pass(q32, k32, v32, beta32, w32, doc_start, doc_end, scale, cfg)
     kept = linv if cfg.keep_inverse else linv.new_empty(0)
-    return o.to(q.dtype), u.to(v.dtype), pu.to(v.dtype), lse1, lse2, kept
+    return _as(o, q.dtype), _as(u, v.dtype), _as(pu, v.dtype), lse1, lse2, kept
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the dispatcher round trip when it is already that dtype (host time)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 @torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())

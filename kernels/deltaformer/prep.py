@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 
@@ -203,11 +204,12 @@ def prep_superblock(
     if state is None and not finish:
         raise ValueError("prep_superblock needs a ``state`` buffer to leave running sums in")
     dummy = lse
-    _prep_kernel[(triton.cdiv(row_hi - row_lo, rows), B * H)](
+    launch(
+        _prep_kernel, (cdiv(row_hi - row_lo, rows), B * H),
         x, k, u, beta, lse, state if state is not None else dummy, partial if partial is not None else dummy,
         linv, doc_start if doc_start is not None else dummy, T, H, row_lo, row_hi, val_lo, val_hi,
         linv.shape[1], scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=rows, BK=keys,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=rows, BK=keys,
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
         FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, INVERSES=inverses,

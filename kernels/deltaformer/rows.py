@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E
 
 
@@ -160,13 +161,14 @@ def row_forward(
     B, T, H, D = x.shape
     DV = vals.shape[-1] if vals is not None else D
     rows = T - row_base if row_count is None else row_count
-    grid = (triton.cdiv(rows, block), B * H)
+    grid = (cdiv(rows, block), B * H)
     dummy = lse
-    _row_fwd_kernel[grid](
+    launch(
+        _row_fwd_kernel, grid,
         x, k, vals if vals is not None else dummy, lse, out if out is not None else dummy,
         doc_start if doc_start is not None else dummy,
         T, H, row_base, row_base, scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=block, BK=keys,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
         STRICT=strict, ONLINE=online, HAS_VALUES=vals is not None, KEYS_BEFORE_BASE=keys_before_base,
         VARLEN=doc_start is not None, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
     )
@@ -181,12 +183,13 @@ def row_backward(
     scale · c_t K_t when ``diag_c`` is given."""
     B, T, H, D = x.shape
     DV = vals.shape[-1]
-    grid = (triton.cdiv(T, block), B * H)
-    _row_bwd_kernel[grid](
+    grid = (cdiv(T, block), B * H)
+    launch(
+        _row_bwd_kernel, grid,
         x, k, vals, y, lse, dvec, diag_c if diag_c is not None else lse, dx,
         doc_start if doc_start is not None else lse,
         T, H, scale * LOG2_E, scale,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=block, BK=keys,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
         STRICT=strict, HAS_DIAG=diag_c is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
+
 _ROWS = 32
 
 
@@ -74,9 +76,10 @@ def stage2_weights(
     B, T, H, D = q.shape
     DV = u.shape[-1]
     n_rows = B * T * H
-    _stage2_weights_kernel[(triton.cdiv(n_rows, _ROWS),)](
+    launch(
+        _stage2_weights_kernel, (cdiv(n_rows, _ROWS),),
         q, k, do, pu, u, lse, doc_start if doc_start is not None else lse, alpha, c, n_rows, T, H, scale,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BR=_ROWS,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BR=_ROWS,
         VARLEN=doc_start is not None,
     )
 
@@ -88,7 +91,8 @@ def score_cotangents(
     """Fill ``dvec`` (fp32 [B, H, T]) and ``dbeta`` ([B, T, H], β's dtype)."""
     B, T, H, DV = y.shape
     n_rows = B * T * H
-    _score_cotangents_kernel[(triton.cdiv(n_rows, _ROWS),)](
+    launch(
+        _score_cotangents_kernel, (cdiv(n_rows, _ROWS),),
         y, g, pu, c if c is not None else dvec, dvec, dbeta, n_rows, T, H,
-        DV=DV, BV=triton.next_power_of_2(DV), BR=_ROWS, HAS_C=c is not None,
+        DV=DV, BV=next_power_of_2(DV), BR=_ROWS, HAS_C=c is not None,
     )

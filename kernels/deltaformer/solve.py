@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E, interpreting, new_buffer
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 
@@ -198,12 +199,13 @@ def diag_inverse(
     """fp32 [B·H, n_chunks, chunk, chunk] inverses of the unit lower-triangular diagonal blocks
     (``inv_split`` block rows: ``inverse.store_unit_lower_inverse``)."""
     B, T, H, D = w.shape
-    n_chunks = triton.cdiv(T, chunk)
+    n_chunks = cdiv(T, chunk)
     linv = new_buffer((B * H, n_chunks, chunk, chunk), device=w.device, dtype=torch.float32)
-    _diag_inverse_kernel[(n_chunks, B * H)](
+    launch(
+        _diag_inverse_kernel, (n_chunks, B * H),
         w, k, beta, lse, linv, doc_start if doc_start is not None else lse, T, H, n_chunks,
         scale * LOG2_E,
-        D=D, BD=triton.next_power_of_2(D), BT=chunk, LOG2_BT=chunk.bit_length() - 1,
+        D=D, BD=next_power_of_2(D), BT=chunk, LOG2_BT=chunk.bit_length() - 1,
         LOG2_SPLIT=log2_split(chunk, inv_split), VARLEN=doc_start is not None, DOT_PREC=dot_prec,
         INV_PREC=inv_prec, num_warps=num_warps,
     )
@@ -216,8 +218,8 @@ def _value_slice(D: int, DV: int, value_split: int, num_warps: int) -> int:
     and 7: D = 128 with vsplit=4 at 8 and at 4 warps, D = 64 with vsplit=2 at [8, 2048, 16, 64]), while
     the same layouts passed smaller GPU tests; the cause is not found. The CPU interpreter, which checks
     the slicing arithmetic in CI, takes any width."""
-    bv = max(16, triton.next_power_of_2(triton.cdiv(DV, value_split)))
-    if bv < min(64, triton.next_power_of_2(DV)) and not interpreting():
+    bv = max(16, next_power_of_2(cdiv(DV, value_split)))
+    if bv < min(64, next_power_of_2(DV)) and not interpreting():
         raise ValueError(f"DeltaFormer solve: value_split={value_split} leaves {bv}-wide value slices "
                          f"(DV={DV}, head dim {D}, {num_warps} warps); slices under 64 columns crashed on "
                          "an H200 (Triton 3.6): use a smaller vsplit")
@@ -236,11 +238,12 @@ def solve_forward(
     B, T, H, D = w.shape
     DV = v.shape[-1]
     bv = _value_slice(D, DV, value_split, num_warps)
-    _solve_fwd_kernel[(B * H, triton.cdiv(DV, bv))](
+    launch(
+        _solve_fwd_kernel, (B * H, cdiv(DV, bv)),
         w, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
         doc_start if doc_start is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
         scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
         FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -258,12 +261,13 @@ def solve_backward(
     B, T, H, D = w.shape
     DV = src.shape[-1]
     bv = _value_slice(D, DV, value_split, num_warps)
-    _solve_bwd_kernel[(B * H, triton.cdiv(DV, bv))](
+    launch(
+        _solve_bwd_kernel, (B * H, cdiv(DV, bv)),
         w, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
         partial if partial is not None else lse, doc_start if doc_start is not None else lse,
         doc_end if doc_end is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
         scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=bv, BT=chunk, BS=solve_tile, HAS_R=partial is not None,
         HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
         num_warps=num_warps, num_stages=num_stages,
     )

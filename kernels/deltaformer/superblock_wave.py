@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 from titan_delta_kernels.deltaformer.wavefront import (
@@ -87,8 +88,8 @@ def _superblock_wave_kernel(
 def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,
                      device: torch.device) -> torch.Tensor:
     """Zeroed int32: one flag per (b, h, chunk), then one ticket counter per superblock."""
-    n_chunks = triton.cdiv(seq_len, chunk)
-    return torch.zeros(batch_heads * n_chunks + triton.cdiv(seq_len, superblock), device=device,
+    n_chunks = cdiv(seq_len, chunk)
+    return torch.zeros(batch_heads * n_chunks + cdiv(seq_len, superblock), device=device,
                        dtype=torch.int32)
 
 
@@ -105,13 +106,14 @@ def superblock_wave_solve(
     the preparation launch then skips them), else it reads what the preparation launch left there."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
-    n_chunks = triton.cdiv(T, chunk)
+    n_chunks = cdiv(T, chunk)
     counter = flags[B * H * n_chunks + row_lo // superblock:]
-    _superblock_wave_kernel[(triton.cdiv(row_hi - row_lo, chunk) * B * H,)](
+    launch(
+        _superblock_wave_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
         x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
         flags, counter, doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi,
         scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk, DEFER=defer,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=defer,
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
         BUILD_INV=build_inverse, LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,

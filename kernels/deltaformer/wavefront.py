@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 from titan_delta_kernels.deltaformer.prep import _online_step
@@ -311,7 +312,7 @@ def _flags(batch_heads: int, n_chunks: int, device: torch.device) -> torch.Tenso
 
 def inverse_buffer(batch_heads: int, seq_len: int, chunk: int, device: torch.device) -> torch.Tensor:
     """fp32 [B·H, n_chunks, chunk, chunk]: the wavefront kernels park the diagonal-block inverses here."""
-    return new_buffer((batch_heads, triton.cdiv(seq_len, chunk), chunk, chunk), device=device,
+    return new_buffer((batch_heads, cdiv(seq_len, chunk), chunk, chunk), device=device,
                       dtype=torch.float32)
 
 
@@ -325,13 +326,14 @@ def wave_forward(
     diagonal-block inverses in ``linv`` (``inverse_buffer``; ``inv_split`` block rows, ``inverse.py``)."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
-    n_chunks = triton.cdiv(T, chunk)
+    n_chunks = cdiv(T, chunk)
     flags = _flags(B * H, n_chunks, x.device)
     scratch = new_buffer(v.shape, device=v.device, dtype=torch.float32)
-    _wave_fwd_kernel[(n_chunks * B * H,)](
+    launch(
+        _wave_fwd_kernel, (n_chunks * B * H,),
         x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scratch, flags,
         doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
         LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
         FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
         num_warps=num_warps, num_stages=num_stages,
@@ -348,16 +350,17 @@ def wave_backward(
     (into a transient buffer) unless the forward kept them (``linv``)."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
-    n_chunks = triton.cdiv(T, chunk)
+    n_chunks = cdiv(T, chunk)
     flags = _flags(B * H, n_chunks, x.device)
     kept = linv is not None
     if linv is None:
         linv = inverse_buffer(B * H, T, chunk, x.device)
-    _wave_bwd_kernel[(n_chunks * B * H,)](
+    launch(
+        _wave_bwd_kernel, (n_chunks * B * H,),
         x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E,
-        D=D, DV=DV, BD=triton.next_power_of_2(D), BV=triton.next_power_of_2(DV), BT=chunk,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
         LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
         HAS_ALPHA=alpha is not None, HAS_INV=kept,
         VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,

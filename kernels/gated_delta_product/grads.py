@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -225,8 +226,8 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
     H, K = k.shape[2], k.shape[3]
     common = dict(
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, triton.next_power_of_2(K)),
-        BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=use_g, IS_VARLEN=seqs.is_varlen,
+        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
+        BV=min(64, max(16, next_power_of_2(V))), USE_G=use_g, IS_VARLEN=seqs.is_varlen,
         num_warps=num_warps or GRADS_NUM_WARPS, num_stages=2 if K <= 128 else 1,
     )  # fmt: skip
     where = (seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
@@ -247,7 +248,8 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
     common, where, grid = _launch_config(k, d_delta.shape[-1], g is not None, geo, seqs, num_warps)
-    dqkw_kernel[grid](
+    launch(
+        dqkw_kernel, grid,
         q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,
         dq, dk_part, dw, dG_step, dG_tok, *where, scale, **common,
     )  # fmt: skip
@@ -262,7 +264,8 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = None if g is None else torch.empty_like(g)
     common, where, grid = _launch_config(k, v.shape[-1], g is not None, geo, seqs, num_warps)
-    wy_bwd_kernel[grid](
+    launch(
+        wy_bwd_kernel, grid,
         k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
         dk if dg is None else dg, *where, **common,
     )  # fmt: skip

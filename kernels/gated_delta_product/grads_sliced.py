@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -194,7 +195,7 @@ def slice_width(K: int, block_k: int | None = None) -> int:
     bks = KSLICE_BLOCK_K if block_k is None else block_k
     if bks < 16 or bks & (bks - 1):
         raise ValueError(f"the K-slice width must be a power of two >= 16, got {bks}")
-    return min(bks, max(16, triton.next_power_of_2(K)))
+    return min(bks, max(16, next_power_of_2(K)))
 
 
 def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: SequenceLayout,
@@ -207,7 +208,7 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
     common = dict(
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BKS=slice_width(K, block_k),
-        BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=use_g, IS_VARLEN=seqs.is_varlen,
+        BV=min(64, max(16, next_power_of_2(V))), USE_G=use_g, IS_VARLEN=seqs.is_varlen,
         num_warps=warps, num_stages=2 if K <= 128 else 1,
     )  # fmt: skip
     if max_registers is None and geo.block_steps <= 64:
@@ -234,7 +235,8 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     common, where, grid = _launch_config(
         k, d_delta.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers
     )
-    dqkw_sliced_kernel[grid](
+    launch(
+        dqkw_sliced_kernel, grid,
         q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,
         dq, dk_part, dw, dG_step, dG_tok, *where, scale, **common,
     )  # fmt: skip
@@ -254,7 +256,8 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     # The [BT, BT] scratch of each chunk: its own rows of dk when they are wide enough, else a buffer laid
     # out like T (the kernel reads it back before it writes dk).
     scr = dk if k.shape[-1] >= geo.block_steps else torch.empty(t_inv.shape, dtype=k.dtype, device=k.device)
-    wy_bwd_sliced_kernel[grid](
+    launch(
+        wy_bwd_sliced_kernel, grid,
         k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
         dk if dg is None else dg, scr, *where, SCR=scr.shape[-1], **common,
     )  # fmt: skip

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -109,9 +110,10 @@ def dv_local_kernel(
 
 def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool) -> None:
     _, _, H, K = q.shape
-    BK = max(16, triton.next_power_of_2(K))
-    BV = min(64, max(16, triton.next_power_of_2(V)))
-    kernel[(seqs.grid_chunks, H, triton.cdiv(V, BV))](
+    BK = max(16, next_power_of_2(K))
+    BV = min(64, max(16, next_power_of_2(V)))
+    launch(
+        kernel, (seqs.grid_chunks, H, cdiv(V, BV)),
         *tensors,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         seqs.num_sequences, seqs.search_steps, scale,

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import sequence_bounds
 
 
@@ -68,10 +69,11 @@ def gdp_recurrent_fwd(
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = q.new_empty(B, T, H, V)
     final_state = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    BK = max(16, triton.next_power_of_2(K))
-    BV = min(32, max(16, triton.next_power_of_2(V)))
+    BK = max(16, next_power_of_2(K))
+    BV = min(32, max(16, next_power_of_2(V)))
     cu = q.new_zeros(1, dtype=torch.int32) if cu_seqlens is None else cu_seqlens.to(torch.int32)
-    recurrent_fwd_kernel[(N, H, triton.cdiv(V, BV))](
+    launch(
+        recurrent_fwd_kernel, (N, H, cdiv(V, BV)),
         q, k, v, k if g is None else g, beta, k if initial_state is None else initial_state, o, final_state,
         cu, T, scale,
         H=H, K=K, V=V, NH=num_householder, BK=BK, BV=BV, USE_G=g is not None,

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -168,7 +169,7 @@ def _split_dtype() -> tl.dtype:
 
 def _blocks(K: int, V: int, block_v: int | None) -> tuple[int, int]:
     BV = block_v or STATE_BLOCK_V
-    return max(16, triton.next_power_of_2(K)), min(BV, max(16, triton.next_power_of_2(V)))
+    return max(16, next_power_of_2(K)), min(BV, max(16, next_power_of_2(V)))
 
 
 def state_fwd(
@@ -196,8 +197,9 @@ def state_fwd(
     chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     v_new = torch.empty_like(u, dtype=delta_dtype or u.dtype)
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
-    grid = (seqs.num_sequences, H, triton.cdiv(V, BV))
-    state_fwd_kernel[grid](
+    grid = (seqs.num_sequences, H, cdiv(V, BV))
+    launch(
+        state_fwd_kernel, grid,
         k, w, u, k if g is None else g, k if initial_state is None else initial_state,
         chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
@@ -243,8 +245,9 @@ def state_bwd(
     d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     d_delta = torch.empty_like(d_vlocal)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
-    grid = (seqs.num_sequences, H, triton.cdiv(V, BV))
-    state_bwd_kernel[grid](
+    grid = (seqs.num_sequences, H, cdiv(V, BV))
+    launch(
+        state_bwd_kernel, grid,
         q, k, w, k if g is None else g, d_out, k if d_final is None else d_final, d_vlocal,
         d_chunk_states, d_delta, d_h0,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from titan_delta_kernels._launch import launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -223,13 +224,14 @@ def wy_fwd_fast(
     t_inv = k.new_empty(B, L, H, geo.block_steps)
     w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
     u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
-    wy_fast_kernel[(seqs.grid_chunks, H)](
+    launch(
+        wy_fast_kernel, (seqs.grid_chunks, H),
         k, v, beta, k if g is None else g, t_inv, w, u,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         seqs.num_sequences, seqs.search_steps,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, triton.next_power_of_2(K)),
-        BV=min(64, max(16, triton.next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
+        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
+        BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
         num_warps=num_warps or FAST_WY_WARPS,
     )  # fmt: skip
     return t_inv, w, u

@@ -39,9 +39,6 @@ class BlockConfig:
     # variants (``apply_variant``); ``_base_config`` picks the measured defaults
     fused_prep: bool = False  # normalisers + earlier-superblock sums + inverses in one launch per superblock
     overlap: bool = False  # (fused) sums over long-solved keys on a side stream, beside the current solve
-    # (fused) every later superblock's normalisers and inverses on a side stream beside the first solves;
-    # its sums over earlier superblocks then take one fixed-normaliser launch each (``passes.py``)
-    early_norms: bool = False
     prep_tiles: tuple[int, int, int, int] | None = None  # rows, keys, warps, stages of that launch
     keep_inverse: bool = False  # the forward hands its diagonal-block inverses to the backward
     solve_keys: int = 0  # key (row) tile of the sequential solves' inner loops; 0 = chunk
@@ -215,9 +212,7 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     """Opt-in variants as a comma list, e.g. ``"fused,keepinv,skeys=128"`` (docs/kernels_deltaformer.md):
     ``fused`` (one launch per superblock for normalisers, earlier-superblock sums and inverses),
     ``overlap`` (implies ``fused``: the sums over keys solved before the previous superblock run on a side
-    stream while that superblock is solved), ``early`` (implies ``fused``: the normalisers and inverses of
-    every superblock after the first on a side stream from the start, then per superblock one launch of
-    its sums over the earlier ones with fixed normalisers),
+    stream while that superblock is solved),
     ``unfused`` (separate launches, the default before run 4 and above D = 128),
     ``keepinv`` (the backward reuses the forward's inverses), ``skeys=N`` (inner tile of the sequential
     solves), ``swarps=N`` (warps of the solves; the separate inverse launch takes at most 4),
@@ -239,10 +234,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
             changes["keep_inverse" if name == "keepinv" else "fused_prep"] = True
             if name == "overlap":
                 changes["overlap"] = True
-        elif name == "early" and not value:
-            changes.update(fused_prep=True, early_norms=True)
         elif name == "unfused" and not value:
-            changes.update(fused_prep=False, overlap=False, early_norms=False)
+            changes.update(fused_prep=False, overlap=False)
         elif name in _WAVE_TOKENS and not value:
             changes.update(_WAVE_TOKENS[name])
             if name == "superblocks":  # the run 8 default: one superblock size, the backward's

@@ -116,45 +116,6 @@ def _fused_superblocks(
         prep(*blocks[s + 1], val_lo=lo, state=state)
 
 
-def _early_superblocks(
-    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
-    partial: torch.Tensor, linv: torch.Tensor, doc_start: torch.Tensor | None, blocks: list[tuple[int, int]],
-    solve_rows: Callable[[int, int], None], scale: float, cfg: BlockConfig, rows: dict, solve: dict,
-) -> None:
-    """Superblock loop of the ``early`` variant. Normalisers need no solved values, so the later
-    superblocks' normalisers (over every earlier key) and inverses run on a side stream from the start,
-    beside the first superblock's preparation and latency-bound wavefront; each later superblock then waits
-    for them and sums P·U over the superblocks before it in one fixed-normaliser launch (``row_forward``),
-    which recomputes those scores instead of carrying an online softmax."""
-    side = _side_stream(x.device)
-
-    def prep(lo: int, hi: int, **kwargs) -> None:
-        prep_superblock(x, k, u, beta, lse, None, linv, doc_start, row_lo=lo, row_hi=hi, scale=scale,
-                        chunk=cfg.chunk, tiles=cfg.prep, dot_prec=solve["dot_prec"],
-                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, val_lo=lo, **kwargs)
-
-    done = None
-    if side is not None:
-        inputs_ready = torch.cuda.Event()
-        inputs_ready.record(torch.cuda.current_stream(x.device))
-        side.wait_event(inputs_ready)
-        with torch.cuda.stream(side):
-            prep(blocks[1][0], blocks[-1][1], norm_from=0)
-            done = torch.cuda.Event()
-            done.record(side)
-    prep(*blocks[0])
-    if side is None:  # the CPU interpreter: the same launches in order
-        prep(blocks[1][0], blocks[-1][1], norm_from=0)
-    for s, (lo, hi) in enumerate(blocks):
-        if s > 0:
-            if done is not None:
-                torch.cuda.current_stream(x.device).wait_event(done)
-                done = None
-            row_forward(x, k, u, lse, partial, doc_start, scale=scale, strict=True, online=False,
-                        row_base=lo, row_count=hi - lo, keys_before_base=True, **rows)
-        solve_rows(lo, hi)
-
-
 def forward_pass(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
     doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: BlockConfig,
@@ -197,10 +158,7 @@ def forward_pass(
         solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
                       doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)
 
-    if cfg.fused_prep and cfg.early_norms and len(blocks) > 1:
-        _early_superblocks(x, k, u, beta, lse1, partial, linv, doc_start, blocks, solve_rows, scale, cfg,
-                           rows, solve)  # fmt: skip
-    elif cfg.fused_prep:
+    if cfg.fused_prep:
         _fused_superblocks(x, k, u, beta, lse1, partial, linv, doc_start, blocks, solve_rows, scale, cfg,
                            solve)
     else:

@@ -82,7 +82,7 @@ def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, ro
 @triton.jit
 def _prep_kernel(
     X, K, U, BETA, LSE, LSUM, R, LINV, DOC_START,
-    T, H, row_lo, row_hi, val_lo, val_hi, norm_lo, n_chunks, qk_scale,
+    T, H, row_lo, row_hi, val_lo, val_hi, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
     HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
@@ -107,10 +107,10 @@ def _prep_kernel(
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         key_lo = tl.load(DOC_START + t0)
         val_start = tl.maximum(key_lo, val_lo)
-        own_lo = tl.maximum(key_lo, norm_lo)
+        own_lo = tl.maximum(key_lo, row_lo)
     else:
         val_start = val_lo
-        own_lo = norm_lo
+        own_lo = row_lo
     if STATE_IN:  # running max, sum and unnormalised sums left by a ``partial`` launch
         m_i = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=float("-inf"))
         l_i = tl.load(LSUM + pid_bh * T + rows, mask=row_ok, other=0.0)
@@ -182,7 +182,7 @@ def prep_superblock(
     partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
     row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
     val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True, inv_split: int = 1,
-    inverses: bool = True, norm_from: int | None = None,
+    inverses: bool = True,
 ) -> None:
     """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
     row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
@@ -190,9 +190,7 @@ def prep_superblock(
     ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
     which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one.
     ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``); without ``inverses``
-    ``linv`` is left alone (the ``waveinv`` solve builds them). ``norm_from`` (default row_lo): keys from
-    there up to each row count in the normalisers without values — 0, with no values, gives the rows'
-    final normalisers and inverses before any earlier superblock is solved (variant ``early``)."""
+    ``linv`` is left alone (the ``waveinv`` solve builds them)."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = tiles
@@ -210,7 +208,7 @@ def prep_superblock(
         _prep_kernel, (cdiv(row_hi - row_lo, rows), B * H),
         x, k, u, beta, lse, state if state is not None else dummy, partial if partial is not None else dummy,
         linv, doc_start if doc_start is not None else dummy, T, H, row_lo, row_hi, val_lo, val_hi,
-        row_lo if norm_from is None else norm_from, linv.shape[1], scale * LOG2_E,
+        linv.shape[1], scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=rows, BK=keys,
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,

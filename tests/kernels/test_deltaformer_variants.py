@@ -44,10 +44,6 @@ CPU_CASES = {
     "chunk32_all": ("fused,keepinv,chunk=32,sb=64,skeys=64,swarps=8", 1, 75, 1, 16, 16, False, [0, 33, 75]),
     "overlap_varlen": ("overlap,keepinv", 1, 101, 1, 16, 16, False, [0, 3, 50, 50, 101]),
     "overlap_sep_w_two_chunk_tiles": ("overlap,ptile=32:16:4:1", 2, 83, 1, 16, 32, True, None),
-    "early_varlen": ("early", 1, 101, 1, 16, 16, False, [0, 3, 50, 50, 101]),
-    "early_wavesb_sep_w": ("early,wavesb", 2, 83, 1, 16, 32, True, None),
-    "early_wavesb_keepinv_varlen": ("early,wavesb,keepinv", 1, 70, 2, 16, 16, False, [0, 33, 33, 70]),
-    "early_one_superblock": ("early,wavesb", 1, 30, 2, 16, 16, False, None),
     # the separate-launch path (the default before run 4, and still above D = 128)
     "unfused_ragged": ("unfused", 1, 37, 2, 16, 16, False, None),
     "unfused_varlen_sep_w": ("unfused", 1, 45, 2, 16, 16, True, [0, 1, 20, 20, 45]),
@@ -156,7 +152,7 @@ def test_variant_compiles_fullgraph_and_passes_opcheck() -> None:
 
 # ----------------------------------------------------------------------------------------------- GPU
 
-GPU_VARIANTS = ["keepinv", "unfused", "overlap,keepinv,chunk=32,skeys=64,sb=256", "early,sb=256"]
+GPU_VARIANTS = ["keepinv", "unfused", "overlap,keepinv,chunk=32,skeys=64,sb=256"]
 
 
 @pytest.mark.gpu

@@ -173,7 +173,7 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
 SWEEP = [
     ("sbv=64", "state_fwd,state_bwd"), ("fastwy+wywarps=2", "wy_fwd"), ("gwarps=4", "dqkw,wy_bwd"),
     ("sbv=64+sstages=1", "state_fwd,state_bwd"), ("fastwy+wywarps=1", "wy_fwd"),
-    ("fastwy+wywarps=8", "wy_fwd"), ("sstages=1", "state_fwd,state_bwd"),
+    ("fastwy+wywarps=8", "wy_fwd"), ("sstages=2", "state_fwd,state_bwd"),
     ("sbv=64+swarps=8", "state_fwd,state_bwd"), ("wywarps=8", "wy_fwd"), ("sstages=3", "state_fwd,state_bwd"),
     ("sbv=32+swarps=8", "state_fwd,state_bwd"),
 ]  # fmt: skip

@@ -56,6 +56,8 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
 KNOWN_BAD = {
     (("state_block_v", 32), ("state_warps", 8)): "state_bwd with BV=32 and 8 warps hit a CUDA illegal memory "
     "access on an H200 (Triton 3.6), which poisons the CUDA context",
+    (("state_block_v", 32), ("state_stages", 1)): "state_bwd with BV=32 and 1 stage hit a CUDA illegal "
+    "memory access on an H200 (Triton 3.6, K = 64, 2026-11-22 sweep), which poisons the CUDA context",
 }
 STATE_BLOCK_V_DEFAULT = 32  # mirrors state.STATE_BLOCK_V (this module must import without Triton)
 
@@ -136,7 +138,8 @@ def parse_options(text: str) -> GdpOptions:
         if eq:
             values[LAUNCH_KEYS[key][0]] = int(value)
     opts = GdpOptions(**values)
-    effective = dict(state_block_v=opts.state_block_v or STATE_BLOCK_V_DEFAULT, state_warps=opts.state_warps)
+    effective = dict(state_block_v=opts.state_block_v or STATE_BLOCK_V_DEFAULT, state_warps=opts.state_warps,
+                     state_stages=opts.state_stages)  # fmt: skip
     for combo, why in KNOWN_BAD.items():
         if all(effective.get(name) == value for name, value in combo):
             raise ValueError(f"variant {text!r} is refused: {why}")

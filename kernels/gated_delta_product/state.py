@@ -156,8 +156,10 @@ STATE_NUM_WARPS = 4
 
 def _stages(BK: int) -> int:
     """Software-pipelining depth of the chunk loop: with 3 stages the reverse pass needed 238 KB of shared
-    memory at K = 128 on an H200 (Triton 3.6; limit 227 KB); 2 stages, and 1 beyond K = 128."""
-    return 2 if BK <= 128 else 1
+    memory at K = 128 on an H200 (Triton 3.6; limit 227 KB), so 2 there and 1 beyond. At K ≤ 64, 3 stages
+    took state_fwd 0.281 -> 0.244 ms and state_bwd 0.302 -> 0.259 ms at [8,2048,16,64], n_h = 3 (H200 sweep,
+    docs/benchmarks.md, 2026-11-22 00:15 UTC)."""
+    return 3 if BK <= 64 else 2 if BK <= 128 else 1
 
 
 def _split_dtype() -> tl.dtype:

@@ -96,7 +96,8 @@ def test_variant_strings_parse_round_trip_and_refuse():
     assert parse_options("default+lowp") == GdpOptions(save_states=True, fastwy=True, bf16x3=True,
                                                        kslice=True, lowp=True)
     for bad, message in [("fast", "unknown"), ("sbv=48", "bad"), ("sbv=x", "bad"), ("bv=64", "unknown"),
-                         ("swarps=8", "illegal memory access"), ("sbv=32+swarps=8", "refused")]:  # fmt: skip
+                         ("swarps=8", "illegal memory access"), ("sbv=32+swarps=8", "refused"),
+                         ("sstages=1", "BV=32 and 1 stage"), ("sbv=32+sstages=1", "refused")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             parse_options(bad)
     assert "sbv=64" in api.parse_variant("lowp+sbv=64")

@@ -114,11 +114,21 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
 
 def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], object]]:
     """One callable per kernel stage, with the variant's algorithm (fastwy) and launch overrides."""
-    from titan_delta_kernels.gated_delta_product import chunk, grads, output, state, wy_fast, wy_fwd
+    from titan_delta_kernels.gated_delta_product import (
+        chunk,
+        grads,
+        grads_sliced,
+        output,
+        state,
+        wy_fast,
+        wy_fwd,
+    )
 
     launch = chunk._state_launch(opts)
     nw = opts.grad_warps
     transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
+    # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
+    gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
@@ -127,8 +137,9 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small),
         "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
                                              wt_mode=opts.wt_mode()),
-        "dqkw": lambda: grads.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw),
-        "wy_bwd": lambda: grads.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw),
+        "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **gkw),
+        "wy_bwd": lambda: gmod.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw,
+                                      **gkw),
     }
 
 
@@ -179,11 +190,24 @@ SWEEP = [
 ]  # fmt: skip
 
 
-def launch_sweep(spec: str, base: str, timeout_s: float) -> None:
+def parse_sweep_entries(text: str) -> list[tuple[str, str]]:
+    """``--sweep-entries`` text, e.g. ``'sbv=16:state_fwd,state_bwd|gwarps=8:dqkw,wy_bwd'``, as a list of
+    (tokens, stages)."""
+    entries = []
+    for item in filter(None, (part.strip() for part in text.split("|"))):
+        tokens, sep, stages = item.partition(":")
+        if not sep or not tokens or not stages:
+            raise ValueError(f"--sweep-entries: expected 'tokens:stage,stage', got {item!r}")
+        entries.append((tokens, stages))
+    return entries
+
+
+def launch_sweep(spec: str, base: str, timeout_s: float,
+                 entries: list[tuple[str, str]] | None = None) -> None:  # fmt: skip
     """Each configuration in a fresh process: one that crashes the CUDA context (an illegal memory access
     poisons every later launch) or hangs only loses its own line. Refused combinations are skipped."""
     print(f"\n# launch sweep {spec}, base variant {base} (each entry its own process, {timeout_s:.0f} s max)")
-    for extra, stages in SWEEP:
+    for extra, stages in entries or SWEEP:
         variant = f"{base}+{extra}"
         try:
             parse_options(variant)
@@ -273,6 +297,8 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="sweep launch configs (first --breakdown spec)")
     parser.add_argument("--sweep-base", default="lowp", help="variant the sweep's entries are added to")
     parser.add_argument("--sweep-timeout", type=float, default=60.0, help="seconds per sweep entry")
+    parser.add_argument("--sweep-entries", default="",
+                        help="'|' list of 'tokens:stage,stage' replacing the built-in sweep list")
     parser.add_argument("--stages", default="", help="breakdown: comma list of stages to time (no sums)")
     parser.add_argument("--model", default="", help="BxTxHxDxNH list: print the cost model and exit")
     args = parser.parse_args()
@@ -292,7 +318,7 @@ def main() -> int:
         for spec in specs:
             breakdown(*(int(x) for x in spec.split("x")), variants, stages)
     elif specs:
-        launch_sweep(specs[0], args.sweep_base, args.sweep_timeout)
+        launch_sweep(specs[0], args.sweep_base, args.sweep_timeout, parse_sweep_entries(args.sweep_entries))
     if not args.no_table:
         table(args.shapes, args.nh, variants, not args.no_fla)
     return 0

@@ -131,8 +131,7 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
-        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps,
-                                    **(dict(split=opts.wy_split) if opts.fastwy else {})),
+        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
         "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small),

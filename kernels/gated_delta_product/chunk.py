@@ -67,11 +67,8 @@ def gdp_chunk_fwd(
     opts = parse_options(options)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
-    inter = _inter_dtype(k, lowp)
-    if opts.fastwy:
-        t_inv, w, u = wy_fwd_fast(k, v, beta, g, geo, seqs, inter, opts.wy_warps, opts.wy_split)
-    else:
-        t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter, opts.wy_warps)
+    transform = wy_fwd_fast if opts.fastwy else wy_fwd
+    t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
         **_state_launch(opts),

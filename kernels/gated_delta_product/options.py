@@ -49,7 +49,6 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
     "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd or fastwy)
-    "wysplit": ("wy_split", (1, 2)),  # fastwy only: programs per chunk (2: one for T and W, one for U)
     "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
 }
@@ -78,7 +77,6 @@ class GdpOptions:
     state_warps: int | None = None
     state_stages: int | None = None
     wy_warps: int | None = None
-    wy_split: int | None = None
     grad_warps: int | None = None
     grad_max_registers: int | None = None
 

@@ -114,12 +114,9 @@ def wy_fast_kernel(
     cu_seqlens, chunk_offsets, T, NT, N, search_steps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
-    # SPLIT = 2: two programs per chunk build T alike; the first stores T and W, the second U
-    do_w = tl.program_id(2) == 0
-    do_u = tl.program_id(2) == SPLIT - 1
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
     tok0 = bos + i_c * C
     if tok0 >= eos:
@@ -161,36 +158,27 @@ def wy_fast_kernel(
     t20 = -_mm(d2, _mm(a20, d0) + _mm(a21, t10))
     t31 = -_mm(d3, _mm(a31, d1) + _mm(a32, t21))
     t30 = -_mm(d3, _mm(a30, d0) + _mm(a31, t10) + _mm(a32, t20))
+    _store_t_row(t_inv, r0, m0, 0, d0, d0, d0, d0, BT)
+    _store_t_row(t_inv, r1, m1, 1, t10, d1, d1, d1, BT)
+    _store_t_row(t_inv, r2, m2, 2, t20, t21, d2, d2, BT)
+    _store_t_row(t_inv, r3, m3, 3, t30, t31, t32, d3, BT)
+
+    # W = T diag(βe^G) K: T diag(·) is rounded once to k's dtype before meeting K (as in wy_fwd).
     kd = k0.dtype
-    if do_w:
-        _store_t_row(t_inv, r0, m0, 0, d0, d0, d0, d0, BT)
-        _store_t_row(t_inv, r1, m1, 1, t10, d1, d1, d1, BT)
-        _store_t_row(t_inv, r2, m2, 2, t20, t21, d2, d2, BT)
-        _store_t_row(t_inv, r3, m3, 3, t30, t31, t32, d3, BT)
+    e0, e1, e2, e3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
+    w0 = _apply((d0 * e0[None, :]).to(kd), d0, d0, d0, k0, k0, k0, k0, 1)
+    w1 = _apply((t10 * e0[None, :]).to(kd), (d1 * e1[None, :]).to(kd), d1, d1, k0, k1, k1, k1, 2)
+    w2 = _apply((t20 * e0[None, :]).to(kd), (t21 * e1[None, :]).to(kd), (d2 * e2[None, :]).to(kd), d2,
+                k0, k1, k2, k2, 3)  # fmt: skip
+    w3 = _apply((t30 * e0[None, :]).to(kd), (t31 * e1[None, :]).to(kd), (t32 * e2[None, :]).to(kd),
+                (d3 * e3[None, :]).to(kd), k0, k1, k2, k3, 4)  # fmt: skip
+    wt = w.dtype.element_ty
+    tl.store(w + r0[:, None] * K + o_k[None, :], w0.to(wt), mask=m0[:, None] & m_k[None, :])
+    tl.store(w + r1[:, None] * K + o_k[None, :], w1.to(wt), mask=m1[:, None] & m_k[None, :])
+    tl.store(w + r2[:, None] * K + o_k[None, :], w2.to(wt), mask=m2[:, None] & m_k[None, :])
+    tl.store(w + r3[:, None] * K + o_k[None, :], w3.to(wt), mask=m3[:, None] & m_k[None, :])
 
-        # W = T diag(βe^G) K: T diag(·) is rounded once to k's dtype before meeting K (as in wy_fwd).
-        e0, e1, e2, e3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
-        w0 = _apply((d0 * e0[None, :]).to(kd), d0, d0, d0, k0, k0, k0, k0, 1)
-        w1 = _apply((t10 * e0[None, :]).to(kd), (d1 * e1[None, :]).to(kd), d1, d1, k0, k1, k1, k1, 2)
-        w2 = _apply((t20 * e0[None, :]).to(kd), (t21 * e1[None, :]).to(kd), (d2 * e2[None, :]).to(kd), d2,
-                    k0, k1, k2, k2, 3)  # fmt: skip
-        w3 = _apply((t30 * e0[None, :]).to(kd), (t31 * e1[None, :]).to(kd), (t32 * e2[None, :]).to(kd),
-                    (d3 * e3[None, :]).to(kd), k0, k1, k2, k3, 4)  # fmt: skip
-        wt = w.dtype.element_ty
-        tl.store(w + r0[:, None] * K + o_k[None, :], w0.to(wt), mask=m0[:, None] & m_k[None, :])
-        tl.store(w + r1[:, None] * K + o_k[None, :], w1.to(wt), mask=m1[:, None] & m_k[None, :])
-        tl.store(w + r2[:, None] * K + o_k[None, :], w2.to(wt), mask=m2[:, None] & m_k[None, :])
-        tl.store(w + r3[:, None] * K + o_k[None, :], w3.to(wt), mask=m3[:, None] & m_k[None, :])
-    if do_u:
-        _store_u(u, v, r0, r1, r2, r3, m0, m1, m2, m3, b0, b1, b2, b3, d0, d1, d2, d3,
-                 t10, t20, t30, t21, t31, t32, V, BV)  # fmt: skip
-
-
-@triton.jit
-def _store_u(u, v, r0, r1, r2, r3, m0, m1, m2, m3, b0, b1, b2, b3, d0, d1, d2, d3,
-             t10, t20, t30, t21, t31, t32, V: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """U = T diag(β) V, one V tile at a time; T diag(β) rounded to the inputs' dtype (v's, which is k's)."""
-    kd = v.dtype.element_ty
+    # U = T diag(β) V, one V tile at a time.
     u00, u11, u22, u33 = (d0 * b0[None, :]).to(kd), (d1 * b1[None, :]).to(kd), (d2 * b2[None, :]).to(kd), \
         (d3 * b3[None, :]).to(kd)  # fmt: skip
     u10, u20, u30 = (t10 * b0[None, :]).to(kd), (t20 * b0[None, :]).to(kd), (t30 * b0[None, :]).to(kd)
@@ -227,11 +215,8 @@ def wy_fwd_fast(
     seqs: SequenceLayout,
     inter_dtype: torch.dtype = torch.float32,
     num_warps: int | None = None,
-    split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``.
-    ``split`` = 2 (variant key ``wysplit``): two programs per chunk, one for T and W, one for U, both
-    building T (bitwise the same results; fewer live registers each, twice the programs)."""
+    """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``."""
     if geo.block_steps != 64:
         return wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
     B, L, H, K = k.shape
@@ -240,13 +225,13 @@ def wy_fwd_fast(
     w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
     u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
     launch(
-        wy_fast_kernel, (seqs.grid_chunks, H, split or 1),
+        wy_fast_kernel, (seqs.grid_chunks, H),
         k, v, beta, k if g is None else g, t_inv, w, u,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         seqs.num_sequences, seqs.search_steps,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
         BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        SPLIT=split or 1, num_warps=num_warps or FAST_WY_WARPS,
+        num_warps=num_warps or FAST_WY_WARPS,
     )  # fmt: skip
     return t_inv, w, u

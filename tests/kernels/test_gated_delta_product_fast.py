@@ -44,24 +44,6 @@ def test_fastwy_transform_matches_wy_fwd(n_h, T, cu):
         assert_rel_close(a, b, 1e-6, name)
 
 
-@pytest.mark.parametrize(("n_h", "T", "cu"), [(2, 70, None), (3, 29, [0, 1, 17, 17, 29])])
-def test_fastwy_split_is_bitwise_the_single_program(n_h, T, cu):
-    """``wysplit=2`` (T and W in one program, U in another, both building T) against one program per chunk."""
-    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    inputs = make_inputs(1 if cu is not None else 2, T, 2, 32, 16, n_h, gate_range=(-2.0, 0.0))
-    k, v, g, beta = inputs["k"], inputs["v"], inputs["g"], inputs["beta"]
-    geo = chunk_geometry(n_h)
-    seqs = sequence_layout(k.shape[0], T, cu, geo, k.device)
-    single = wy_fwd_fast(k, v, beta, g, geo, seqs)  # kept alive: the split run gets other buffers
-    for name, a, b in zip("TWU", wy_fwd_fast(k, v, beta, g, geo, seqs, split=2), single, strict=True):
-        assert torch.equal(a, b), name
-
-
-def test_fastwy_split_end_to_end_matches_reference():
-    inputs = make_inputs(1, 37, 2, 16, 32, 2)
-    check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel("default+wysplit=2"))
-
-
 @pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 70, True), (2, 37, True), (3, 23, False)])
 def test_fastwy_matches_reference(n_h, T, gated):
     """Several chunks per sequence at n_h = 1, 2 (C = 64, 32 tokens) and an ungated odd T at n_h = 3."""

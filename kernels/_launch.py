@@ -93,14 +93,11 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    backend = None
-    entry = None
     kw_key = tuple(kwargs.items())
-    probe = cache.entries.get((device, kw_key))
+    probe = cache.entries.get((device, kw_key))  # holds the backend once these keywords were launched
+    entry = None
     if probe is not None:
-        backend = probe[0]
-        spec = _specialisation(backend, args, cache.flags)
-        entry = cache.entries.get((device, kw_key, spec))
+        entry = cache.entries.get((device, kw_key, _specialisation(probe[0], args, cache.flags)))
     if entry is None:
         compiled = kernel[grid](*args, **kwargs)
         _record(kernel, cache, device, kw_key, args, kwargs, compiled)

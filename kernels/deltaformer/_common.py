@@ -51,6 +51,10 @@ class BlockConfig:
     wave_tiles: tuple[int, int, int, int] = (4, 2, 4, 2)  # warps, stages of the forward; of the backward
     inverse_split: int = 1  # block rows of the diagonal-block inverses; 1 = doubling (``inverse.py``)
     backward_superblock: int = 0  # superblock rows of the (non-wavefront) backward; 0 = ``superblock``
+    # register caps (Triton's ``maxnreg``; 0 = the compiler's choice) of the fused preparation launch and
+    # of the forward wavefront: below 128 at 4 warps, four blocks fit on an SM instead of three
+    prep_registers: int = 0
+    wave_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
@@ -80,6 +84,10 @@ class BlockConfig:
                 or self.chunk // self.inverse_split < 16:
             raise ValueError(f"BlockConfig.inverse_split must be a power of two leaving blocks of >= 16 rows "
                              f"(chunk={self.chunk}), got {self.inverse_split}")
+        for name in ("prep_registers", "wave_registers"):
+            regs = getattr(self, name)
+            if regs and not 24 <= regs <= 255:
+                raise ValueError(f"BlockConfig.{name} must be 0 (no cap) or in 24..255, got {regs}")
         if self.wave_defer < 1:
             raise ValueError(f"BlockConfig.wave_defer must be >= 1, got {self.wave_defer}")
         wave = self.wave_tiles
@@ -205,7 +213,7 @@ _WAVE_TOKENS = {"wave": {"wave_forward": "full", "wave_backward": True},
                 "waveinv": {"wave_forward": "superblock", "wave_inverse": True, "fused_prep": True}}
 _INT_TOKENS = {"skeys": "solve_keys", "swarps": "num_warps", "chunk": "chunk", "sb": "superblock",
                "vsplit": "value_split", "defer": "wave_defer", "invsplit": "inverse_split",
-               "bsb": "backward_superblock"}
+               "bsb": "backward_superblock", "pregs": "prep_registers", "wregs": "wave_registers"}
 
 
 def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
@@ -226,7 +234,8 @@ def apply_variant(cfg: BlockConfig, spec: str) -> BlockConfig:
     (no wavefront; the backward's superblocks for both passes),
     ``defer=N`` (key chunks a wavefront program takes one by one), ``wtile=W:S:W:S`` (warps and stages of
     the wavefront launches, forward then backward), ``invsplit=N`` (diagonal-block inverses by N×N blocks
-    and block substitution instead of doubling, ``inverse.py``; chunk / N >= 16)."""
+    and block substitution instead of doubling, ``inverse.py``; chunk / N >= 16), ``pregs=N`` / ``wregs=N``
+    (register caps of the fused preparation launch / the forward wavefront)."""
     changes: dict = {}
     for token in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = token.partition("=")
@@ -278,6 +287,11 @@ def inverse_precision(dtype: torch.dtype) -> str:
     if env:
         return env
     return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+
+
+def register_cap(max_registers: int) -> dict[str, int]:
+    """Launch options for a register cap: none under the interpreter, which has no such option."""
+    return {"maxnreg": max_registers} if max_registers and not interpreting() else {}
 
 
 def log2_int(n: int) -> int:

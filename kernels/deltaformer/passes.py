@@ -90,7 +90,8 @@ def _fused_superblocks(
     def prep(lo: int, hi: int, **kwargs) -> None:
         prep_superblock(x, k, u, beta, lse, partial, linv, doc_start, row_lo=lo, row_hi=hi, scale=scale,
                         chunk=cfg.chunk, tiles=cfg.prep, dot_prec=solve["dot_prec"],
-                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, inverses=inverses, **kwargs)
+                        inv_prec=solve["inv_prec"], inv_split=cfg.inverse_split, inverses=inverses,
+                        max_registers=cfg.prep_registers, **kwargs)
 
     solved: list[torch.cuda.Event] = []
     prep(*blocks[0])
@@ -153,7 +154,7 @@ def forward_pass(
                                   defer=cfg.wave_defer, dot_prec=solve["dot_prec"],
                                   inv_prec=solve["inv_prec"], num_warps=warps, num_stages=stages,
                                   build_inverse=cfg.wave_inverse and cfg.fused_prep,
-                                  inv_split=cfg.inverse_split)
+                                  inv_split=cfg.inverse_split, max_registers=cfg.wave_registers)
             return
         solve_forward(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, partial if lo > 0 else None,
                       doc_start, row_lo=lo, row_hi=hi, scale=scale, **solve)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer._common import LOG2_E, register_cap
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 
 
@@ -182,7 +182,7 @@ def prep_superblock(
     partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
     row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
     val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True, inv_split: int = 1,
-    inverses: bool = True,
+    inverses: bool = True, max_registers: int = 0,
 ) -> None:
     """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
     row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
@@ -190,7 +190,8 @@ def prep_superblock(
     ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
     which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one.
     ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``); without ``inverses``
-    ``linv`` is left alone (the ``waveinv`` solve builds them)."""
+    ``linv`` is left alone (the ``waveinv`` solve builds them). ``max_registers``: Triton's ``maxnreg``
+    (0: none)."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = tiles
@@ -216,4 +217,5 @@ def prep_superblock(
         FULL_TILES=doc_start is None and (val_hi - val_lo) % keys == 0,
         VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
+        **register_cap(max_registers),
     )

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer._common import LOG2_E, register_cap
 from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
 from titan_delta_kernels.deltaformer.wavefront import (
     _add_chunk_values,
@@ -98,7 +98,7 @@ def superblock_wave_solve(
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
     partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, *, row_lo: int,
     row_hi: int, superblock: int, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
-    num_warps: int, num_stages: int, build_inverse: bool = False, inv_split: int = 1,
+    num_warps: int, num_stages: int, build_inverse: bool = False, inv_split: int = 1, max_registers: int = 0,
 ) -> None:
     """Rows [row_lo, row_hi) of U, P·U and (w = q) o, as ``solve.solve_forward`` does with one program per
     (b, h); ``flags`` comes from ``superblock_flags`` (one buffer for all superblocks of a forward). With
@@ -117,4 +117,5 @@ def superblock_wave_solve(
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
         BUILD_INV=build_inverse, LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,
+        **register_cap(max_registers),
     )

@@ -24,7 +24,7 @@ from tests.kernels.test_deltaformer_variants import (  # the autouse fixture app
     poisoned_buffers_default_variant,  # noqa: F401
 )
 from titan_delta.testing import rel_rms_error
-from titan_delta_kernels.deltaformer import deltaformer_attn_triton
+from titan_delta_kernels.deltaformer import _common, deltaformer_attn_triton, prep, superblock_wave
 from titan_delta_kernels.deltaformer._common import BlockConfig, apply_variant
 
 CPU_CASES = {
@@ -99,6 +99,25 @@ def test_wave_tokens_parse_and_reject() -> None:
             apply_variant(base, bad)
 
 
+def test_register_caps_parse_reject_and_reach_the_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = BlockConfig(chunk=64, superblock=512, value_split=1, num_warps=4, num_stages=2)
+    cfg = apply_variant(base, "wavesb,fused,pregs=128,wregs=120")
+    assert (cfg.prep_registers, cfg.wave_registers) == (128, 120)
+    for bad in ("pregs=8", "wregs=256", "pregs"):
+        with pytest.raises(ValueError):
+            apply_variant(base, bad)
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    assert _common.register_cap(128) == {"maxnreg": 128}
+    assert _common.register_cap(0) == {}
+    monkeypatch.undo()
+    assert _common.register_cap(128) == {}  # the interpreter has no such option
+    caps: list[tuple[str, int]] = []
+    monkeypatch.setattr(prep, "register_cap", lambda regs: caps.append(("prep", regs)) or {})
+    monkeypatch.setattr(superblock_wave, "register_cap", lambda regs: caps.append(("wave", regs)) or {})
+    check_against_oracle(1, 60, 1, 16, 16, False, None, variant="wavesb,pregs=96,wregs=112")
+    assert ("prep", 96) in caps and ("wave", 112) in caps
+
+
 def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
     check_opcheck_and_compile(40, "wave,keepinv", "wave")
 
@@ -106,7 +125,7 @@ def test_wave_compiles_fullgraph_and_passes_opcheck() -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 GPU_WAVE_VARIANTS = ["wave", "wave,keepinv", "wave,defer=1", "wavesb,wavebwd,wtile=4:3:4:3", "wavesb,keepinv",
-                     "waveinv,keepinv"]
+                     "waveinv,keepinv", "wavesb,pregs=128,wregs=128"]
 
 
 @pytest.mark.gpu

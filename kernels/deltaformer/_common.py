@@ -179,6 +179,11 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     # (with keepinv). Head dims above 128 keep the separate launches (the fused tiles are untried there).
     fused = width <= 128
     prep_tiles = (64, 64, 4, 3) if fused else None
+    # Capped at 128 registers (154-160 uncapped) the preparation launch at D <= 64 fits 4 blocks per SM
+    # instead of 3 and spills nothing (offline sm_90a compile, Triton 3.6, tools/kernel_resources.py); on
+    # an H200 its two launches at [8,2048,16,64] took 253 -> 243 µs and the forward's GPU time 0.450 ->
+    # 0.442 ms (docs/benchmarks.md, run 29). At D = 128 it takes up to 218 registers: a cap would spill.
+    prep_registers = 128 if fused and width <= 64 else 0
     # Wavefront solves (fourth session, docs/benchmarks.md runs 9-11, H200): inside each superblock of the
     # forward for D <= 128, [2,8192,32,128] fwd 4.105 -> 4.017 ms, fwd+bwd 19.473 -> 19.397 ms (run 11);
     # the backward as one wavefront launch for D <= 64 only, where [8,2048,16,64] went fwd 0.606 -> 0.524
@@ -193,7 +198,8 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
                        value_split=value_split,
                        num_warps=4 if width <= 64 else 8, num_stages=2, row_tiles=row_tiles,
                        col_tiles=col_tiles, fused_prep=fused, prep_tiles=prep_tiles,
-                       wave_forward=wave_forward, wave_backward=wave_backward, wave_tiles=wave_tiles)
+                       wave_forward=wave_forward, wave_backward=wave_backward, wave_tiles=wave_tiles,
+                       prep_registers=prep_registers)
 
 
 def _ints(text: str, count: int, token: str) -> tuple[int, ...]:

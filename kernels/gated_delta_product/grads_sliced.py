@@ -59,6 +59,11 @@ KSLICE_BLOCK_K = 64
 # warps by default; gwarps=8 gets the 128-register cap, gregs=N sets another (0: none).
 KSLICE_NUM_WARPS = 4
 KSLICE_MAX_REGISTERS = {8: 128}  # num_warps -> maxnreg, only for 64-step blocks (n_h <= 4)
+# dqkw alone at 4 warps and K <= 64 (64-step blocks): uncapped it takes 232 registers, 2 blocks per SM; capped
+# at 168 it spills 8 B and 3 fit (offline sm_90a compile, Triton 3.6). wy_bwd capped the same way spills
+# 136 B, and on an H200 gregs=168 (both capped) took dqkw 0.404 -> 0.352 ms but wy_bwd 0.477 -> 0.492 ms at
+# [8,2048,16,64], n_h = 2 (docs/benchmarks.md, GDP 00:44 UTC, seventh session). ``dqregs=N`` overrides it.
+KSLICE_DQKW_MAX_REGISTERS = 168
 
 
 @triton.jit
@@ -200,9 +205,10 @@ def slice_width(K: int, block_k: int | None = None) -> int:
 
 def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: SequenceLayout,
                    num_warps: int | None, block_k: int | None, max_registers: int | None,
-                   ) -> tuple[dict, tuple, tuple]:  # fmt: skip
+                   dqkw_cap: bool = False) -> tuple[dict, tuple, tuple]:  # fmt: skip
     """Constexprs and launch options (grads._launch_config's with BKS for BK, and the register cap),
-    sequence-layout arguments and grid shared by both kernels."""
+    sequence-layout arguments and grid shared by both kernels; ``dqkw_cap``: dqkw's default cap applies
+    when no cap was given."""
     H, K = k.shape[2], k.shape[3]
     warps = num_warps or KSLICE_NUM_WARPS
     common = dict(
@@ -213,6 +219,8 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
     )  # fmt: skip
     if max_registers is None and geo.block_steps <= 64:
         max_registers = KSLICE_MAX_REGISTERS.get(warps)
+        if max_registers is None and dqkw_cap and warps == 4 and K <= 64:
+            max_registers = KSLICE_DQKW_MAX_REGISTERS
     if max_registers:  # 0: no cap
         common["maxnreg"] = max_registers
     where = (seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
@@ -233,7 +241,7 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
     common, where, grid = _launch_config(
-        k, d_delta.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers
+        k, d_delta.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers, dqkw_cap=True
     )
     launch(
         dqkw_sliced_kernel, grid,
@@ -268,12 +276,15 @@ def chunk_grads(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
-    max_registers: int | None = None,
+    max_registers: int | None = None, dqkw_max_registers: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
-    """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ)."""
+    """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
+    caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap)."""
     launch = dict(num_warps=num_warps, block_k=block_k, max_registers=max_registers)
+    dq_cap = max_registers if dqkw_max_registers is None else dqkw_max_registers
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
-        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs, **launch
+        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,
+        num_warps=num_warps, block_k=block_k, max_registers=dq_cap,
     )
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch

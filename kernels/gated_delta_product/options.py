@@ -51,6 +51,7 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd or fastwy)
     "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
+    "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)
 }
 # Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
 KNOWN_BAD = {
@@ -79,6 +80,7 @@ class GdpOptions:
     wy_warps: int | None = None
     grad_warps: int | None = None
     grad_max_registers: int | None = None
+    dqkw_max_registers: int | None = None
 
     def text(self) -> str:
         """Canonical variant string ('plain' when no flag is on); parses back to ``self``."""

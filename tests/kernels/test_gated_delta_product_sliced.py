@@ -145,6 +145,43 @@ def test_slice_width_and_register_cap():
     assert config(2, 8)["maxnreg"] == 128
     assert "maxnreg" not in config(5, 8)  # 128-step blocks: no cap
     assert config(2, 4, 168)["maxnreg"] == 168
+    k64 = torch.empty(1, 8, 2, 64)
+
+    def config64(warps, cap=None, dqkw_cap=True):
+        geo = chunk_geometry(2)
+        return grads_sliced._launch_config(k64, 64, True, geo, seqs, warps, None, cap, dqkw_cap)[0]
+
+    assert config64(None)["maxnreg"] == grads_sliced.KSLICE_DQKW_MAX_REGISTERS  # dqkw's default at K <= 64
+    assert "maxnreg" not in config64(None, dqkw_cap=False)  # wy_bwd stays uncapped
+    assert "maxnreg" not in config64(None, 0)  # dqregs=0 / gregs=0: no cap
+    assert config64(8)["maxnreg"] == 128  # the 8-warp cap comes first
+    assert parse_options("default+dqregs=160").dqkw_max_registers == 160
+    with pytest.raises(ValueError):
+        parse_options("default+dqregs=100")
+
+
+@pytest.mark.parametrize(("variant", "caps"), [
+    ("default", {"dqkw_sliced_kernel": 168, "wy_bwd_sliced_kernel": None}),
+    ("default+dqregs=0", {"dqkw_sliced_kernel": None, "wy_bwd_sliced_kernel": None}),
+    ("default+gregs=160", {"dqkw_sliced_kernel": 160, "wy_bwd_sliced_kernel": 160}),
+    ("default+gregs=160+dqregs=192", {"dqkw_sliced_kernel": 192, "wy_bwd_sliced_kernel": 160}),
+])
+def test_gradient_register_caps_reach_their_launches(monkeypatch, variant, caps):
+    """dqkw's own cap (K <= 64) and the dqregs / gregs overrides arrive at the right launch; the results
+    stay the reference's (the interpreter ignores the cap)."""
+    seen = {}
+    original = grads_sliced.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen[kernel.fn.__name__] = kwargs.get("maxnreg")
+        return original(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(grads_sliced, "launch", spy)
+    inputs = make_inputs(1, 9, 1, 16, 16, 2)
+    leaves = [inputs[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+    o, _ = variant_kernel(variant)(*leaves, num_householder=2)
+    o.sum().backward()
+    assert seen == caps
 
 
 # ---------------------------------------------------------------- GPU tests (real shapes, bf16)

@@ -129,6 +129,8 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
     # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
     gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
+    dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
+    dqkw_kw = dict(max_registers=dq_cap) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
@@ -137,7 +139,7 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small),
         "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
                                              wt_mode=opts.wt_mode()),
-        "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **gkw),
+        "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **dqkw_kw),
         "wy_bwd": lambda: gmod.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw,
                                       **gkw),
     }

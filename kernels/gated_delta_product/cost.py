@@ -17,6 +17,7 @@ import triton
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry
 
 STATE_BLOCK_V = 32  # mirrors state.STATE_BLOCK_V (not imported: the model must not need a GPU build)
+STATE_BWD_BLOCK_V_NH1 = 64  # mirrors state.STATE_BWD_BLOCK_V_NH1
 FORWARD_STAGES = ("wy_fwd", "state_fwd", "output_fwd")
 BACKWARD_STAGES = ("state_fwd", "dv_local", "state_bwd", "dqkw", "wy_bwd")  # state_fwd: recomputation
 
@@ -58,15 +59,18 @@ def tensor_bytes(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool
 
 
 def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool = False,
-                in_bytes: int = 2, state_block_v: int = STATE_BLOCK_V) -> dict[str, StageCost]:  # fmt: skip
-    """Cost of each stage for a [B, T, H, K/V] problem (no varlen), keyed by kernel name."""
+                in_bytes: int = 2, state_block_v: int | None = None) -> dict[str, StageCost]:  # fmt: skip
+    """Cost of each stage for a [B, T, H, K/V] problem (no varlen), keyed by kernel name. ``state_block_v``:
+    the V tile of both state passes (None: their defaults)."""
     geo = chunk_geometry(n_h)
     s = tensor_bytes(B, T, H, K, V, n_h, lowp=lowp, in_bytes=in_bytes)
     BT, BC, BK = geo.block_steps, geo.block_tokens, max(16, triton.next_power_of_2(K))
     bv_chunk = min(64, max(16, triton.next_power_of_2(V)))
     n_v = triton.cdiv(V, bv_chunk)
     chunk_heads = B * triton.cdiv(T, geo.tokens_per_chunk) * H
-    state_programs = B * H * triton.cdiv(V, min(state_block_v, V))
+    state_programs = B * H * triton.cdiv(V, min(state_block_v or STATE_BLOCK_V, V))
+    bwd_block_v = state_block_v or (STATE_BWD_BLOCK_V_NH1 if n_h == 1 else STATE_BLOCK_V)
+    state_bwd_programs = B * H * triton.cdiv(V, min(bwd_block_v, V))
     walk = triton.cdiv(T, geo.tokens_per_chunk)
 
     def pick(*names: str) -> dict[str, int]:
@@ -87,7 +91,7 @@ def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool 
         per_chunk("dv_local", ("q", "k", "d_out", "g"), ("d_vlocal",),
                   mm * (n_v * BT * BC * BK + BT * BC * V), programs=chunk_heads * n_v),
         per_chunk("state_bwd", ("q", "k", "w", "d_out", "d_vlocal", "g"), ("d_states", "d_delta"),
-                  mm * (2 * BT * BK * V + BK * BC * V), programs=state_programs, chunks=walk),
+                  mm * (2 * BT * BK * V + BK * BC * V), programs=state_bwd_programs, chunks=walk),
         per_chunk("dqkw", ("q", "k", "delta", "states", "d_states", "d_delta", "d_out", "g"),
                   ("dq", "dk_part", "dw", "dG_step", "dG_tok"),
                   mm * (BC * V * BK + 2 * BC * V * BT + 2 * BT * V * BK + 3 * BC * BT * BK),

@@ -57,8 +57,11 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
 KNOWN_BAD = {
     (("state_block_v", 32), ("state_warps", 8)): "state_bwd with BV=32 and 8 warps hit a CUDA illegal memory "
     "access on an H200 (Triton 3.6), which poisons the CUDA context",
+    (("state_block_v", 16), ("state_stages", 1)): "state_bwd with BV=16 and 1 stage returned NaN on an H200 "
+    "(Triton 3.6, K = 128, n_h = 1, 2026-11-22 02:16 UTC probe) where 2 stages are bitwise the default",
     (("state_block_v", 32), ("state_stages", 1)): "state_bwd with BV=32 and 1 stage hit a CUDA illegal "
-    "memory access on an H200 (Triton 3.6, K = 64, 2026-11-22 sweep), which poisons the CUDA context",
+    "memory access on an H200 (Triton 3.6, K = 64, 2026-11-22 sweep; K = 128, n_h = 2, 02:16 UTC probe), "
+    "which poisons the CUDA context, and returned NaN at K = 128, n_h = 1",
 }
 STATE_BLOCK_V_DEFAULT = 32  # mirrors state.STATE_BLOCK_V (this module must import without Triton)
 

@@ -152,6 +152,16 @@ WT_MODES = {
 # narrow V tiles give N·H·V/BV programs (twice as many with 32 as with 64).
 STATE_BLOCK_V = 32
 STATE_NUM_WARPS = 4
+# The reverse pass at n_h = 1 (64-token chunks: twice the q and dO rows of n_h = 2) needs 119-123 KB of shared
+# memory with 32-column V tiles, so one block fits per SM and its N·H·V/32 programs ran in two waves at the
+# issue's shapes. 64-column tiles halve the programs to one wave: [4,4096,16,128] 0.523 -> 0.385 ms, [8,2048,
+# 16,64] 0.140 -> 0.094 ms, bitwise the same results (H200 probe, docs/benchmarks.md, GDP 02:16-02:21 UTC,
+# eighth session). At n_h = 2 and 3 they were slower (0.619 -> 0.757, 0.813 -> 1.276 ms at K = 128).
+STATE_BWD_BLOCK_V_NH1 = 64
+
+
+def _bwd_block_v(num_householder: int) -> int:
+    return STATE_BWD_BLOCK_V_NH1 if num_householder == 1 else STATE_BLOCK_V
 
 
 def _stages(BK: int) -> int:
@@ -231,6 +241,8 @@ def state_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32).
 
+    ``block_v`` etc. as in ``state_fwd``; the default V tile is 64 at n_h = 1 (``STATE_BWD_BLOCK_V_NH1``).
+
     ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W from 16-bit inputs
     (1 and 3 give 0's kernel for 16-bit W and for fp32 inputs).
     """
@@ -243,7 +255,7 @@ def state_bwd(
         wt_mode = 0
     _, _, H, K = k.shape
     V = d_vlocal.shape[-1]
-    BK, BV = _blocks(K, V, block_v)
+    BK, BV = _blocks(K, V, block_v or _bwd_block_v(geo.num_householder))
     d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     d_delta = torch.empty_like(d_vlocal)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)

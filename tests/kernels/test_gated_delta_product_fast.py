@@ -61,7 +61,7 @@ def test_fastwy_varlen_lowp_poisoned(monkeypatch):
     """save_states+lowp+fastwy + launch keys, fp16, documents incl. an empty one, NaN-poisoned buffers."""
     cu = torch.tensor([0, 1, 17, 17, 29], dtype=torch.int32)
     inputs = make_inputs(1, 29, 2, 16, 32, 3, num_seqs=4, dtype=torch.float16)
-    kernel = variant_kernel("save_states+lowp+fastwy+sbv=16+sstages=1+gwarps=4+wywarps=2")
+    kernel = variant_kernel("save_states+lowp+fastwy+sbv=16+sstages=2+gwarps=4+wywarps=2")
     check_poisoned(kernel, inputs, 3, cu, FP16_TOL, monkeypatch)
 
 
@@ -97,7 +97,8 @@ def test_variant_strings_parse_round_trip_and_refuse():
                                                        kslice=True, lowp=True)
     for bad, message in [("fast", "unknown"), ("sbv=48", "bad"), ("sbv=x", "bad"), ("bv=64", "unknown"),
                          ("swarps=8", "illegal memory access"), ("sbv=32+swarps=8", "refused"),
-                         ("sstages=1", "BV=32 and 1 stage"), ("sbv=32+sstages=1", "refused")]:  # fmt: skip
+                         ("sstages=1", "BV=32 and 1 stage"), ("sbv=32+sstages=1", "refused"),
+                         ("sbv=16+sstages=1", "BV=16 and 1 stage returned NaN")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             parse_options(bad)
     assert "sbv=64" in api.parse_variant("lowp+sbv=64")

@@ -160,6 +160,33 @@ def test_slice_width_and_register_cap():
         parse_options("default+dqregs=100")
 
 
+def test_state_bwd_value_tile_default(monkeypatch):
+    """64-column V tiles in the reverse state pass at n_h = 1 only (one wave, see state.py); sbv overrides."""
+    from titan_delta_kernels.gated_delta_product import cost, options, state
+
+    # the Triton-free copies (cost model, option checks) mirror the kernels' defaults
+    assert cost.STATE_BWD_BLOCK_V_NH1 == state.STATE_BWD_BLOCK_V_NH1
+    assert cost.STATE_BLOCK_V == options.STATE_BLOCK_V_DEFAULT == state.STATE_BLOCK_V
+
+    seen = []
+    original = state.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen.append((kernel.fn.__name__, kwargs["BV"], grid))
+        return original(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(state, "launch", spy)
+    for n_h, variant, bwd_bv in ((1, "default", 64), (2, "default", 32), (1, "default+sbv=16", 16)):
+        seen.clear()
+        inputs = make_inputs(1, 9, 1, 16, 128, n_h)
+        leaves = [inputs[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+        o, _ = variant_kernel(variant)(*leaves, num_householder=n_h)
+        o.sum().backward()
+        fwd_bv = 16 if variant.endswith("sbv=16") else 32
+        assert ("state_fwd_kernel", fwd_bv, (1, 1, 128 // fwd_bv)) in seen
+        assert ("state_bwd_kernel", bwd_bv, (1, 1, 128 // bwd_bv)) in seen
+
+
 @pytest.mark.parametrize(("variant", "caps"), [
     ("default", {"dqkw_sliced_kernel": 168, "wy_bwd_sliced_kernel": None}),
     ("default+dqregs=0", {"dqkw_sliced_kernel": None, "wy_bwd_sliced_kernel": None}),

@@ -122,11 +122,13 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
         state,
         wy_fast,
         wy_fwd,
+        wy_series,
     )
 
     launch = chunk._state_launch(opts)
     nw = opts.grad_warps
     transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
+    transform = wy_series.wy_fwd_series if opts.wyseries else transform
     # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
     gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers

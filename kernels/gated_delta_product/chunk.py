@@ -37,6 +37,7 @@ from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
 from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
+from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
 Tensor = torch.Tensor
 
@@ -67,7 +68,7 @@ def gdp_chunk_fwd(
     opts = parse_options(options)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
-    transform = wy_fwd_fast if opts.fastwy else wy_fwd
+    transform = wy_fwd_series if opts.wyseries else wy_fwd_fast if opts.fastwy else wy_fwd
     t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),

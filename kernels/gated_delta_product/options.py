@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice")
+FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the tolerances (K = 64 without gate at n_h = 2
@@ -43,6 +43,8 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice")
 # passed and fwd+bwd at [4,4096,16,128] went 4.653 -> 4.023 ms (n_h = 2) and 6.931 -> 5.943 ms (n_h = 3),
 # at [8,2048,16,64] 2.716 -> 1.954 ms (n_h = 2) and 4.132 -> 2.955 ms (n_h = 3), with 4 warps
 # (grads_sliced.KSLICE_NUM_WARPS; docs/benchmarks.md, 22:16 UTC).
+# wyseries (opt-in, eighth session): the UT transform on [64, 64] tiles (wy_series.py) instead of fastwy's
+# 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -77,6 +79,7 @@ class GdpOptions:
     lowp_state: bool = False
     bf16x3: bool = False
     kslice: bool = False
+    wyseries: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

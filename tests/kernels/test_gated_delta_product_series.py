@@ -1,0 +1,98 @@
+"""The opt-in UT transform ``wyseries`` (``wy_series.py``): [64, 64] tiles, T = D − N(D − N(D − N D)).
+
+CPU (interpreter, fp32: the products run in exact fp32 there): T, W, U against ``fastwy``'s and ``wy_fwd``'s
+up to fp32 rounding (odd T, documents incl. an empty one, n_h = 1..4); end to end against the fp64 oracle,
+with gates near 0 and 1, β ∈ (0, 2) and keys that nearly repeat (large off-diagonal blocks of A).
+GPU: bf16 at the issue's tolerances (tf32 products there), varlen, gate extremes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titan_delta.testing import assert_rel_close
+from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
+from titan_delta_kernels.gated_delta_product.options import parse_options
+from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
+from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
+from titan_delta_kernels.gated_delta_product.wy_series import series_precision, wy_fwd_series
+
+from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
+from .test_gated_delta_product_triton import check_against_reference, make_inputs
+
+SERIES = "default+wyseries"
+
+
+@pytest.mark.parametrize(("n_h", "T", "cu"), [(1, 70, None), (2, 37, None), (3, 23, [0, 5, 5, 23]),
+                                              (4, 18, None)])  # fmt: skip
+def test_series_transform_matches_fastwy_and_wy_fwd(n_h, T, cu):
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    inputs = make_inputs(1 if cu is not None else 2, T, 2, 32, 16, n_h, gate_range=(-2.0, 0.0))
+    k, v, g, beta = inputs["k"], inputs["v"], inputs["g"], inputs["beta"]
+    geo = chunk_geometry(n_h)
+    seqs = sequence_layout(k.shape[0], T, cu, geo, k.device)
+    ours = wy_fwd_series(k, v, beta, g, geo, seqs)
+    for other in (wy_fwd_fast(k, v, beta, g, geo, seqs), wy_fwd(k, v, beta, g, geo, seqs)):
+        for name, a, b in zip("TWU", ours, other, strict=True):
+            assert_rel_close(a, b, 1e-6, name)
+
+
+@pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 70, True), (2, 37, True), (3, 23, False)])
+def test_series_matches_reference(n_h, T, gated):
+    inputs = make_inputs(1, T, 2, 16, 32, n_h, gated=gated)
+    check_against_reference(inputs, n_h, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(SERIES))
+
+
+@pytest.mark.parametrize("gate_range", [(-1e-6, 0.0), (-1e4, -1e3)])
+def test_series_gates_near_one_and_zero(gate_range):
+    inputs = make_inputs(1, 40, 1, 16, 16, 2, gate_range=gate_range)
+    check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-4, kernel=variant_kernel(SERIES))
+
+
+def test_series_nearly_repeated_keys_and_large_beta():
+    """Keys close to one direction with β near 2: A's blocks below the diagonal are as large as they get
+    (|β k_i·k_j| ≈ 2), the case where a series could lose what substitution keeps."""
+    inputs = make_inputs(1, 64, 1, 16, 16, 1, gate_range=(-1e-3, 0.0))
+    k = inputs["k"]
+    base = torch.nn.functional.normalize(torch.randn(16, dtype=k.dtype), dim=0)
+    inputs["k"] = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(k), dim=-1)
+    inputs["beta"] = 1.9 + 0.09 * torch.rand_like(inputs["beta"])
+    check_against_reference(inputs, 1, None, 1e-5, 1e-5, 1e-4, kernel=variant_kernel(SERIES))
+
+
+def test_series_flag_and_precision():
+    assert parse_options(SERIES).wyseries and not parse_options("default").wyseries
+    assert series_precision(torch.float32) == "ieee" and series_precision(torch.bfloat16) == "tf32"
+
+
+# ---------------------------------------------------------------- GPU tests (real shapes, bf16)
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n_h", "K"), [(1, 128), (2, 64), (3, 128)])
+def test_gpu_series_bf16_matches_reference(n_h, K):
+    inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
+    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
+    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(SERIES))
+
+
+@pytest.mark.gpu
+def test_gpu_series_varlen_and_gate_extremes():
+    cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
+    inputs = make_inputs(1, 555, 4, 128, 128, 3, num_seqs=5, device="cuda", dtype=torch.bfloat16)
+    check_against_reference(inputs, 3, cu, *ISSUE_TOL, kernel=variant_kernel(SERIES))
+    for gate_range in [(-1e-6, 0.0), (-60.0, -30.0)]:
+        inputs = make_inputs(2, 250, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16,
+                             gate_range=gate_range)  # fmt: skip
+        check_against_reference(inputs, 2, None, *ISSUE_TOL, dg_floor=1e-3, kernel=variant_kernel(SERIES))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_h", [1, 2])
+def test_gpu_series_nearly_repeated_keys_and_large_beta(n_h):
+    """The tf32 products of T where A's off-diagonal blocks are largest (see the CPU test of the same name)."""
+    inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-1e-3, 0.0))
+    k = inputs["k"].float()
+    base = torch.nn.functional.normalize(torch.randn(128, device="cuda"), dim=0)
+    inputs["k"] = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(k), dim=-1).to(torch.bfloat16)
+    inputs["beta"] = (1.9 + 0.09 * torch.rand_like(inputs["beta"].float())).to(inputs["beta"].dtype)
+    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(SERIES))

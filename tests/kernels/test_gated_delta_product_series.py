@@ -89,8 +89,9 @@ def test_gpu_series_varlen_and_gate_extremes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_h", [1, 2])
 def test_gpu_series_nearly_repeated_keys_and_large_beta(n_h):
-    """The tf32 products of T where A's off-diagonal blocks are largest (see the CPU test of the same name)."""
-    inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-1e-3, 0.0))
+    """The tf32 products of T where A's off-diagonal blocks are largest (the CPU test of the same name)."""
+    inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16,
+                         gate_range=(-1e-3, 0.0))  # fmt: skip
     k = inputs["k"].float()
     base = torch.nn.functional.normalize(torch.randn(128, device="cuda"), dim=0)
     inputs["k"] = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(k), dim=-1).to(torch.bfloat16)

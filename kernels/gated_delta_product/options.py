@@ -21,7 +21,7 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # Since the fifth session the default adds fastwy (with 2 warps, its own default) and bf16x3: all 15 GPU tests
 # of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
-DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice")
+DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -43,8 +43,10 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice")
 # passed and fwd+bwd at [4,4096,16,128] went 4.653 -> 4.023 ms (n_h = 2) and 6.931 -> 5.943 ms (n_h = 3),
 # at [8,2048,16,64] 2.716 -> 1.954 ms (n_h = 2) and 4.132 -> 2.955 ms (n_h = 3), with 4 warps
 # (grads_sliced.KSLICE_NUM_WARPS; docs/benchmarks.md, 22:16 UTC).
-# wyseries (opt-in, eighth session): the UT transform on [64, 64] tiles (wy_series.py) instead of fastwy's
-# 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
+# wyseries (default since the eighth session): the UT transform on [64, 64] tiles (wy_series.py) instead of
+# fastwy's 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
+# H200 (docs/benchmarks.md, GDP 02:50 UTC): the transform 0.501 -> 0.310 ms at [8,2048,16,64], n_h = 2, and
+# 0.967 -> 0.708 ms at [4,4096,16,128], n_h = 3; its GPU tests passed at the issue's tolerances.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

@@ -102,7 +102,7 @@ def test_emulator_lowp_state_and_bf16x3_sites():
 def test_lowp_safe_parses():
     assert parse_options("lowp_safe") == GdpOptions(lowp_safe=True)
     assert parse_options("default+lowp_safe") == GdpOptions(save_states=True, fastwy=True, bf16x3=True,
-                                                            kslice=True, lowp_safe=True)
+                                                            kslice=True, wyseries=True, lowp_safe=True)
     assert parse_options("lowp_safe+sbv=64").launch_text() == "lowp_safe+sbv=64"
 
 

@@ -1,4 +1,4 @@
-"""The opt-in UT transform ``wyseries`` (``wy_series.py``): [64, 64] tiles, T = D − N(D − N(D − N D)).
+"""The UT transform ``wyseries`` (``wy_series.py``, default): [64, 64] tiles, T = D − N(D − N(D − N D)).
 
 CPU (interpreter, fp32: the products run in exact fp32 there): T, W, U against ``fastwy``'s and ``wy_fwd``'s
 up to fp32 rounding (odd T, documents incl. an empty one, n_h = 1..4); end to end against the fp64 oracle,
@@ -65,9 +65,25 @@ def test_series_nearly_repeated_keys_and_large_beta():
     check_against_reference(inputs, 1, None, 1e-5, 1e-5, 1e-4, kernel=variant_kernel(SERIES))
 
 
-def test_series_flag_and_precision():
-    assert parse_options(SERIES).wyseries and not parse_options("default").wyseries
+def test_series_flag_precision_and_routing(monkeypatch):
+    """In the default since the eighth session; a flag list without it keeps fastwy's transform."""
+    assert parse_options("default").wyseries and not parse_options(SUBSTITUTION).wyseries
     assert series_precision(torch.float32) == "ieee" and series_precision(torch.bfloat16) == "tf32"
+    from titan_delta_kernels.gated_delta_product import chunk
+
+    calls = []
+    for name in ("wy_fwd_series", "wy_fwd_fast"):
+        original = getattr(chunk, name)
+
+        def counted(*args, _f=original, _n=name, **kwargs):
+            calls.append(_n)
+            return _f(*args, **kwargs)
+
+        monkeypatch.setattr(chunk, name, counted)
+    inputs = make_inputs(1, 9, 1, 16, 16, 2)
+    for variant in ("default", SUBSTITUTION):
+        variant_kernel(variant)(*(inputs[n] for n in ("q", "k", "v", "g", "beta")), num_householder=2)
+    assert calls == ["wy_fwd_series", "wy_fwd_fast"]
 
 
 # ---------------------------------------------------------------- GPU tests (real shapes, bf16)

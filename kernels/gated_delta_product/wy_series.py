@@ -23,13 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
     locate_chunk,
 )
+from titan_delta_kernels.gated_delta_product.wy_fast import launch_block_transform
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 
 
@@ -132,20 +132,5 @@ def wy_fwd_series(
     """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``."""
     if geo.block_steps != 64:
         return wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
-    B, L, H, K = k.shape
-    V = v.shape[-1]
-    t_inv = k.new_empty(B, L, H, geo.block_steps)
-    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
-    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
-    launch(
-        wy_series_kernel, (seqs.grid_chunks, H),
-        k, v, beta, k if g is None else g, t_inv, w, u,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
-        BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        PREC=series_precision(k.dtype), num_warps=num_warps or SERIES_WY_WARPS,
-    )  # fmt: skip
-    return t_inv, w, u
-
+    return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype,
+                                  num_warps or SERIES_WY_WARPS, PREC=series_precision(k.dtype))  # fmt: skip

@@ -52,7 +52,7 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
     "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
     "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
-    "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd or fastwy)
+    "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd, fastwy or wyseries)
     "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
     "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)

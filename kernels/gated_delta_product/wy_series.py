@@ -1,4 +1,4 @@
-"""Variant ``wyseries``: the UT transform of ``wy_fast.py`` on whole 64-step tiles.
+"""Flag ``wyseries`` (in the default): the UT transform of ``wy_fast.py`` on whole 64-step tiles.
 
 Same outputs (T, W = T diag(βe^G) K, U = T diag(β) V) up to rounding. Why: ``wy_fast`` works on 16×16
 tiles, which every warp holds whole (the MMA layout puts all warps on the same 16 rows), so its live state
@@ -9,9 +9,10 @@ does not shrink with more warps: 255 registers and a spill stack at 2 warps, 12.
   recurrence, X_i = e_i − Σ_m A_im X_m) advance together and the block axis spreads over the warps;
 * with D = (I + A_diag)⁻¹ block-diagonal and N = D·A_off strictly block-lower (N⁴ = 0),
   T = (I + A)⁻¹ = (I + N)⁻¹ D = (I − N + N² − N³) D = D − N(D − N(D − N D)): four [64, 64] products (N and
-  three Horner steps) whose rows split over the warps. Expanded,
-  these are exactly the products block forward substitution sums (T_20 = −D₂A₂₀D₀ + D₂A₂₁D₁A₁₀D₀, …), only
-  grouped differently — not an element-level Neumann series, whose 15 terms can dwarf T;
+  three Horner steps) whose rows split over the warps. Expanded, these are exactly the products block forward
+  substitution sums (T_20 = −D₂A₂₀D₀ + D₂A₂₁D₁A₁₀D₀, …), only grouped differently — not an element-level
+  Neumann series, whose 15 terms can dwarf T. On an H200 the transform took 0.310 against fastwy's 0.501 ms at
+  [8,2048,16,64], n_h = 2 (docs/benchmarks.md, GDP 02:50 UTC, eighth session);
 * W and U are [64, K] and [64, V] products of T diag(·) rounded once to k's dtype (as in ``wy_fwd``).
 
 Only the 64-step block (n_h ≤ 4) has this path; 128-step blocks (n_h ≥ 5) run ``wy_fwd``.

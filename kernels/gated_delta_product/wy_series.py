@@ -112,8 +112,6 @@ def wy_series_kernel(
 SERIES_WY_WARPS = 4
 
 
-
-
 def series_precision(dtype: torch.dtype) -> str:
     """The four [64, 64] products of T: exact for fp32 inputs; tf32 for 16-bit inputs, whose T is stored,
     and meets K and V, rounded to the input dtype (8 significant bits against tf32's 11)."""

@@ -132,7 +132,7 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
     gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
-    dqkw_kw = dict(max_registers=dq_cap) if opts.kslice else {}
+    dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),

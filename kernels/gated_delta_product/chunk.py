@@ -139,7 +139,8 @@ def gdp_chunk_bwd(
                  seqs, opts.grad_warps)
     if opts.kslice:
         dq, dk, dv, dg, dbeta = grads_sliced.chunk_grads(*grad_args, max_registers=opts.grad_max_registers,
-                                                         dqkw_max_registers=opts.dqkw_max_registers)
+                                                         dqkw_max_registers=opts.dqkw_max_registers,
+                                                         dqkw_block_k=opts.dqkw_block_k)
     else:
         dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0

@@ -276,15 +276,16 @@ def chunk_grads(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
-    max_registers: int | None = None, dqkw_max_registers: int | None = None,
+    max_registers: int | None = None, dqkw_max_registers: int | None = None, dqkw_block_k: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
-    caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap)."""
+    caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap);
+    ``dqkw_block_k`` is dqkw's own slice width (None: ``block_k``)."""
     launch = dict(num_warps=num_warps, block_k=block_k, max_registers=max_registers)
     dq_cap = max_registers if dqkw_max_registers is None else dqkw_max_registers
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
         q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,
-        num_warps=num_warps, block_k=block_k, max_registers=dq_cap,
+        num_warps=num_warps, block_k=block_k if dqkw_block_k is None else dqkw_block_k, max_registers=dq_cap,
     )
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch

@@ -56,6 +56,10 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
     "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)
+    # kslice only: dqkw's K-slice width. Offline (sm_90, Triton 3.6, K = 128, n_h = 2) 32 columns take dqkw
+    # from 255 registers + 80 B of spill and 80 KB of shared memory to 186 registers, no spill, 48 KB; with
+    # dqregs=168 3 blocks fit per SM instead of 2. Not yet run on a GPU (eighth session): opt-in.
+    "dqbk": ("dqkw_block_k", (16, 32, 64)),
 }
 # Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
 KNOWN_BAD = {
@@ -89,6 +93,7 @@ class GdpOptions:
     grad_warps: int | None = None
     grad_max_registers: int | None = None
     dqkw_max_registers: int | None = None
+    dqkw_block_k: int | None = None
 
     def text(self) -> str:
         """Canonical variant string ('plain' when no flag is on); parses back to ``self``."""

@@ -226,3 +226,23 @@ def test_gpu_kslice_varlen_n_h3():
     cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
     inputs = make_inputs(1, 555, 4, 128, 128, 3, num_seqs=5, device="cuda", dtype=torch.bfloat16)
     check_against_reference(inputs, 3, cu, *ISSUE_TOL, kernel=variant_kernel(KSLICE))
+
+
+@pytest.mark.parametrize("dqbk", [16, 32])
+def test_dqkw_slice_width_reaches_dqkw_alone_and_matches_reference(monkeypatch, dqbk):
+    """``dqbk=N``: dqkw streams K in N-column slices (several at K = 64), wy_bwd keeps its own width; the
+    results stay the fp64 oracle's."""
+    seen = {}
+    original = grads_sliced.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen[kernel.fn.__name__] = kwargs["BKS"]
+        return original(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(grads_sliced, "launch", spy)
+    inputs = make_inputs(1, 37, 2, 64, 16, 2)
+    check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(f"default+dqbk={dqbk}"))
+    assert seen == {"dqkw_sliced_kernel": dqbk, "wy_bwd_sliced_kernel": 64}
+    assert parse_options(f"default+dqbk={dqbk}").dqkw_block_k == dqbk
+    with pytest.raises(ValueError):
+        parse_options("default+dqbk=48")

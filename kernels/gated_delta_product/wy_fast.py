@@ -23,14 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
     locate_chunk,
 )
-from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
+from titan_delta_kernels.gated_delta_product.wy_fwd import launch_block_transform, wy_fwd
 
 
 @triton.jit
@@ -204,30 +203,6 @@ def wy_fast_kernel(
 # 2 warps: the UT transform at [4,4096,16,128], n_h = 2 went 0.889 -> 0.584 ms against 4 (H200, 2026-11-21,
 # docs/benchmarks.md); ``wywarps=N`` overrides it.
 FAST_WY_WARPS = 2
-
-
-def launch_block_transform(
-    kernel: triton.JITFunction, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
-    geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int, **constexprs: object,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Outputs and launch shared by the 64-step transforms (``wy_fast_kernel``, ``wy_series_kernel``): one
-    program per (chunk, head); ``constexprs`` are a kernel's own extra ones."""
-    B, L, H, K = k.shape
-    V = v.shape[-1]
-    t_inv = k.new_empty(B, L, H, geo.block_steps)
-    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
-    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
-    launch(
-        kernel, (seqs.grid_chunks, H),
-        k, v, beta, k if g is None else g, t_inv, w, u,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
-        BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        **constexprs, num_warps=num_warps,
-    )  # fmt: skip
-    return t_inv, w, u
 
 
 def wy_fwd_fast(

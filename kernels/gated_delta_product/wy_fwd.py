@@ -89,6 +89,31 @@ def wy_fwd_kernel(
         tl.store(u + rows[:, None] * V + o_v[None, :], tl.dot(b_tu, b_v).to(u.dtype.element_ty), mask=m_v)
 
 
+def launch_block_transform(
+    kernel: triton.JITFunction, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
+    geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int, **constexprs: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Outputs and launch shared by the UT transforms (``wy_fwd_kernel``, ``wy_fast_kernel``,
+    ``wy_series_kernel``: one signature): one program per (chunk, head); ``constexprs`` are a kernel's own
+    extra ones."""
+    B, L, H, K = k.shape
+    V = v.shape[-1]
+    t_inv = k.new_empty(B, L, H, geo.block_steps)
+    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
+    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
+    launch(
+        kernel, (seqs.grid_chunks, H),
+        k, v, beta, k if g is None else g, t_inv, w, u,
+        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
+        seqs.num_sequences, seqs.search_steps,
+        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
+        BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
+        **constexprs, num_warps=num_warps,
+    )  # fmt: skip
+    return t_inv, w, u
+
+
 def wy_fwd(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -105,20 +130,4 @@ def wy_fwd(
     passes k's dtype, halving their HBM traffic in the forward and the state passes (FLA's choice).
     ``num_warps`` overrides the default 4 (variant key ``wywarps``).
     """
-    B, L, H, K = k.shape
-    V = v.shape[-1]
-    t_inv = k.new_empty(B, L, H, geo.block_steps)
-    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
-    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
-    BK = max(16, next_power_of_2(K))
-    launch(
-        wy_fwd_kernel, (seqs.grid_chunks, H),
-        k, v, beta, k if g is None else g, t_inv, w, u,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=BK, BV=min(64, max(16, next_power_of_2(V))),
-        USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
-        num_warps=num_warps or 4,
-    )  # fmt: skip
-    return t_inv, w, u
+    return launch_block_transform(wy_fwd_kernel, k, v, beta, g, geo, seqs, inter_dtype, num_warps or 4)

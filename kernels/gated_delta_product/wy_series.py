@@ -30,8 +30,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     chunk_log_gates,
     locate_chunk,
 )
-from titan_delta_kernels.gated_delta_product.wy_fast import launch_block_transform
-from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
+from titan_delta_kernels.gated_delta_product.wy_fwd import launch_block_transform, wy_fwd
 
 
 @triton.jit

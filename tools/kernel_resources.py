@@ -109,16 +109,13 @@ def _deltaformer(shape: tuple[int, ...], variant: str, backward: bool) -> None:
 
 
 def _gdp(shape: tuple[int, ...], nh: int, variant: str, backward: bool) -> None:
+    from bench_gated_delta_product import make_inputs  # the benchmark's inputs (tools/ is on sys.path)
+
     from titan_delta_kernels.gated_delta_product.api import gated_delta_product_triton
 
-    B, T, H, D = shape
-    q = torch.randn(B, T, H, D, dtype=torch.bfloat16, requires_grad=backward)
-    k = torch.nn.functional.normalize(torch.randn(B, T * nh, H, D), dim=-1).bfloat16()
-    k.requires_grad_(backward)
-    v = torch.randn(B, T * nh, H, D, dtype=torch.bfloat16, requires_grad=backward)
-    beta = (2 * torch.rand(B, T * nh, H)).bfloat16().requires_grad_(backward)
-    g = (-torch.rand(B, T, H)).requires_grad_(backward)
-    o = gated_delta_product_triton(q, k, v, g, beta, num_householder=nh, variant=variant)[0]
+    inputs = make_inputs(*shape, nh, "cpu")
+    with torch.set_grad_enabled(backward):
+        o = gated_delta_product_triton(*inputs, num_householder=nh, variant=variant)[0]
     if backward:
         o.sum().backward()
 

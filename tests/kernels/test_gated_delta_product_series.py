@@ -56,13 +56,16 @@ def test_series_gates_near_one_and_zero(gate_range):
 
 def test_series_nearly_repeated_keys_and_large_beta():
     """Keys close to one direction with β near 2: A's blocks below the diagonal are as large as they get
-    (|β k_i·k_j| ≈ 2), the case where a series could lose what substitution keeps."""
+    (|β k_i·k_j| ≈ 2), the case where a series could lose what substitution keeps. Even in fp32 this case
+    is ill-conditioned: over 12 fresh draws the worst relative RMS error of any output was 6.8e-06 to
+    3.1e-05 with wyseries and 6.9e-06 to 2.4e-05 with fastwy's substitution (CPU interpreter), so the bound
+    is 1e-4 (a wrong grouping of the products gives errors of order 1)."""
     inputs = make_inputs(1, 64, 1, 16, 16, 1, gate_range=(-1e-3, 0.0))
     k = inputs["k"]
     base = torch.nn.functional.normalize(torch.randn(16, dtype=k.dtype), dim=0)
     inputs["k"] = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(k), dim=-1)
     inputs["beta"] = 1.9 + 0.09 * torch.rand_like(inputs["beta"])
-    check_against_reference(inputs, 1, None, 1e-5, 1e-5, 1e-4, kernel=variant_kernel(SERIES))
+    check_against_reference(inputs, 1, None, 1e-4, 1e-4, 1e-4, kernel=variant_kernel(SERIES))
 
 
 def test_series_flag_precision_and_routing(monkeypatch):

@@ -50,9 +50,9 @@ def tensor_bytes(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool
         q=tok * K * in_bytes, k=step * K * in_bytes, v=step * V * in_bytes, beta=step * in_bytes, g=tok * 4,
         t_inv=step * geo.block_steps * in_bytes, w=step * K * inter, u=step * V * inter,
         delta=step * V * inter, states=chunk_heads * K * V * in_bytes, o=tok * V * in_bytes,
-        d_out=tok * V * in_bytes, d_vlocal=step * V * inter, d_delta=step * V * inter,
+        d_out=tok * V * in_bytes, d_vlocal=step * V * inter, d_delta=step * V * in_bytes,
         d_states=chunk_heads * K * V * in_bytes, dq=tok * K * in_bytes, dk_part=step * K * inter,
-        dw=step * K * inter, dG_step=step * 4, dG_tok=tok * 4, dk=step * K * in_bytes,
+        dw=step * K * in_bytes, dG_step=step * 4, dG_tok=tok * 4, dk=step * K * in_bytes,
         dv=step * V * in_bytes, dbeta=step * in_bytes, dg=tok * 4,
     )  # fmt: skip
     return sizes

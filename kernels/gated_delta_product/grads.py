@@ -238,13 +238,15 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
 def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Tensor, d_chunk_states: Tensor,
          d_delta: Tensor, d_out: Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
          num_warps: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """Stage (1): (dq, direct dk, ∂L/∂W, step and token log-gate gradients). ∂L/∂W and the direct dk follow
-    dδ's dtype: fp32 by default, k's dtype with the ``lowp`` variant (as FLA stores them)."""
+    """Stage (1): (dq, direct dk, ∂L/∂W, step and token log-gate gradients). ∂L/∂W is in k's dtype; the
+    direct dk follows δ's: fp32 by default, k's dtype with the ``lowp`` variants (as FLA stores them)."""
     B, L, H, K = k.shape
     f32 = dict(dtype=torch.float32, device=k.device)
     dq = torch.empty_like(q)
-    dk_part = torch.empty(B, L, H, K, dtype=d_delta.dtype, device=k.device)
-    dw = torch.empty(B, L, H, K, dtype=d_delta.dtype, device=k.device)
+    # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same bits, half the bytes); the direct dk,
+    # which wy_bwd adds in fp32, in δ's dtype (fp32 unless lowp or lowp_safe).
+    dk_part = torch.empty(B, L, H, K, dtype=v_new.dtype, device=k.device)
+    dw = torch.empty_like(k)
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
     common, where, grid = _launch_config(k, d_delta.shape[-1], g is not None, geo, seqs, num_warps)

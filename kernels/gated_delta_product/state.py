@@ -239,7 +239,12 @@ def state_bwd(
     num_stages: int | None = None,
     wt_mode: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ like d_vlocal, ∂L/∂S₀ [N,H,K,V] fp32).
+    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
+    [N,H,K,V] fp32).
+
+    ∂L/∂δ is stored in k's dtype because both its readers (dqkw and wy_bwd, in ``grads.py`` and
+    ``grads_sliced.py``) round it to k's dtype on load: storing it rounded gives them the same bits for half
+    the bytes. The pass itself uses the fp32 value (its Wᵀ·dδ product).
 
     ``block_v`` etc. as in ``state_fwd``; the default V tile is 64 at n_h = 1 (``STATE_BWD_BLOCK_V_NH1``).
 
@@ -257,7 +262,7 @@ def state_bwd(
     V = d_vlocal.shape[-1]
     BK, BV = _blocks(K, V, block_v or _bwd_block_v(geo.num_householder))
     d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
-    d_delta = torch.empty_like(d_vlocal)
+    d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
     launch(

@@ -136,8 +136,10 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps),
-        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small),
-        "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs),
+        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small,
+                                             fwd_mode=opts.fwd_mode()),
+        "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs, opts.output_block_k,
+                                                opts.output_block_v),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small),
         "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
                                              wt_mode=opts.wt_mode()),

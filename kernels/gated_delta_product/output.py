@@ -20,13 +20,20 @@ from titan_delta_kernels.gated_delta_product._common import (
 
 
 @triton.jit
-def masked_scores(b_q, b_kt, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r), zero where step r comes after token i."""
+def decayed_scores(b_qk, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r) from the products q_i·k_r, zero where step r
+    comes after token i."""
     o_s = tl.arange(0, BT)
     o_t = tl.arange(0, BC)
     causal = ((o_s // NH)[None, :] <= o_t[:, None]) & (o_t < n_tok)[:, None]
     decay = tl.exp(tl.where(causal, Gq[:, None] - G[None, :], float("-inf")))
-    return tl.dot(b_q, b_kt) * decay
+    return b_qk * decay
+
+
+@triton.jit
+def masked_scores(b_q, b_kt, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r), zero where step r comes after token i."""
+    return decayed_scores(tl.dot(b_q, b_kt), G, Gq, n_tok, NH, BT, BC)
 
 
 @triton.jit
@@ -57,15 +64,23 @@ def output_fwd_kernel(
         chunk_id = i_chunk
     h_off = ((chunk_id.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
 
-    b_q = tl.load(q + q_rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-    b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=(o_k < K)[:, None] & m_s[None, :], other=0.0)
-    b_h = tl.load(chunk_states + h_off, mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.0)
+    # K in BK-column slices (one slice by default): q S₀ and the scores q kᵀ accumulate over them.
+    b_qh = tl.zeros([BC, BV], dtype=tl.float32)
+    b_qk = tl.zeros([BC, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(q + q_rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_s[None, :], other=0.0)
+        b_h = tl.load(chunk_states + h_off + i_k * BK * V, mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
+        b_qh += tl.dot(b_q, b_h.to(b_q.dtype))
+        b_qk += tl.dot(b_q, b_kt)
     b_d = tl.load(v_new + rows[:, None] * V + o_v[None, :], mask=m_s[:, None] & (o_v < V)[None, :], other=0.0)
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
 
-    b_s = masked_scores(b_q, b_kt, G, Gq, n_tok, NH, BT, BC)
+    b_s = decayed_scores(b_qk, G, Gq, n_tok, NH, BT, BC)
     # Scores meet δ in δ's dtype: fp32 (tf32) by default, bf16 with the ``lowp`` variant.
-    b_o = tl.dot(b_q, b_h.to(b_q.dtype)) * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d)
+    b_o = b_qh * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d)
     tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_v < V)[None, :])  # fmt: skip
 
@@ -108,10 +123,13 @@ def dv_local_kernel(
              mask=m_s[:, None] & (o_v < V)[None, :])  # fmt: skip
 
 
-def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool) -> None:
+def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
+            block_k: int | None = None, block_v: int | None = None) -> None:  # fmt: skip
+    """One program per (chunk, head, V tile); ``block_k`` (output_fwd only: its K slice, default all of K) and
+    ``block_v`` (default 64) are capped at K's and V's power-of-two blocks."""
     _, _, H, K = q.shape
-    BK = max(16, next_power_of_2(K))
-    BV = min(64, max(16, next_power_of_2(V)))
+    BK = min(block_k or 1 << 30, max(16, next_power_of_2(K)))
+    BV = min(block_v or 64, max(16, next_power_of_2(V)))
     launch(
         kernel, (seqs.grid_chunks, H, cdiv(V, BV)),
         *tensors,
@@ -131,11 +149,14 @@ def output_fwd(
     scale: float,
     geo: ChunkGeometry,
     seqs: SequenceLayout,
+    block_k: int | None = None,
+    block_v: int | None = None,
 ) -> torch.Tensor:
+    """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``)."""
     V = v_new.shape[-1]
     o = q.new_empty(*q.shape[:3], V)
     _launch(output_fwd_kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
-            g is not None)  # fmt: skip
+            g is not None, block_k, block_v)  # fmt: skip
     return o
 
 

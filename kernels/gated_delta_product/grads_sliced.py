@@ -236,7 +236,7 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     B, L, H, K = k.shape
     f32 = dict(dtype=torch.float32, device=k.device)
     dq = torch.empty_like(q)
-    # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same bits, half the bytes); the direct dk,
+    # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same values, half the bytes); the direct dk,
     # which wy_bwd adds in fp32, in δ's dtype (fp32 unless lowp or lowp_safe).
     dk_part = torch.empty(B, L, H, K, dtype=v_new.dtype, device=k.device)
     dw = torch.empty_like(k)

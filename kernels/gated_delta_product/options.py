@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries", "kdx2",
-         "fwdx3")
+FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -48,10 +47,6 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # fastwy's 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
 # H200 (docs/benchmarks.md, GDP 02:50 UTC): the transform 0.501 -> 0.310 ms at [8,2048,16,64], n_h = 2, and
 # 0.967 -> 0.708 ms at [4,4096,16,128], n_h = 3; its GPU tests passed at the issue's tolerances.
-# kdx2 / fwdx3 (ninth session, opt-in until timed): the forward state pass's products with bf16 operands
-# (state.FWD_MODES): kdx2 its kᵀδ as two bf16 products (k as stored, δ = hi + lo), fwdx3 also W·S as three
-# (bf16x3's split). Both are tighter than the default's tf32 (~2^-16 against 2^-11 relative); the default's
-# tf32 operands are fp32 tiles (k converted in registers, W copied with 4-byte cp.async).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -68,6 +63,7 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     # output_fwd's K slice (default: all of K in one) and V tile (default 64); ninth session, not yet timed
     "obk": ("output_block_k", (16, 32, 64, 128)),
     "obv": ("output_block_v", (32, 64, 128)),
+    "dbv": ("dv_local_block_v", (32, 64, 128)),  # dv_local's V tile (default 64); not yet timed
 }
 # Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
 KNOWN_BAD = {
@@ -94,8 +90,6 @@ class GdpOptions:
     bf16x3: bool = False
     kslice: bool = False
     wyseries: bool = False
-    kdx2: bool = False
-    fwdx3: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None
@@ -106,6 +100,7 @@ class GdpOptions:
     dqkw_block_k: int | None = None
     output_block_k: int | None = None
     output_block_v: int | None = None
+    dv_local_block_v: int | None = None
 
     def text(self) -> str:
         """Canonical variant string ('plain' when no flag is on); parses back to ``self``."""
@@ -117,10 +112,6 @@ class GdpOptions:
     def wt_mode(self) -> int:
         """state_bwd's Wᵀ·dδ operands (state.WT_MODES) for fp32 W: 1 lowp_state, 3 bf16x3, else 0."""
         return 1 if self.lowp_state else 3 if self.bf16x3 else 0
-
-    def fwd_mode(self) -> int:
-        """state_fwd's product operands (state.FWD_MODES) for fp32 W: 3 fwdx3, 2 kdx2, else 0."""
-        return 3 if self.fwdx3 else 2 if self.kdx2 else 0
 
     def launch_text(self) -> str:
         """The part the custom ops need besides save_states and lowp (their own arguments)."""

@@ -169,10 +169,12 @@ def dv_local(
     geo: ChunkGeometry,
     seqs: SequenceLayout,
     inter_dtype: torch.dtype = torch.float32,
+    block_v: int | None = None,
 ) -> torch.Tensor:
-    """[B, L, H, V] in ``inter_dtype`` (fp32, or k's dtype with ``lowp``): the within-chunk part of ∂L/∂δ."""
+    """[B, L, H, V] in ``inter_dtype`` (fp32, or k's dtype with ``lowp``): the within-chunk part of ∂L/∂δ.
+    ``block_v``: the V tile (default 64; every tile recomputes the chunk's scores)."""
     V = d_out.shape[-1]
     d_vlocal = torch.empty(*k.shape[:3], V, dtype=inter_dtype, device=k.device)
     _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,
-            g is not None)  # fmt: skip
+            g is not None, block_v=block_v)  # fmt: skip
     return d_vlocal

@@ -28,14 +28,9 @@ def state_fwd_kernel(
     cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, FWD_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr,
+    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
-
-    ``FWD_MODE`` picks the operands of the two products (``FWD_MODES``): 0 in W's dtype, 2 kᵀδ as two
-    SPLIT_DTYPE products (δ = hi + lo, k exact), 3 that and W·S as three (hi·hi + hi·lo + lo·hi).
-    """
+    """Stores the state entering each chunk and δ = U − W S for it; writes the final state."""
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -62,26 +57,14 @@ def state_fwd_kernel(
         b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
         # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
         # state is rounded to bf16 for the product (what FLA does).
-        if FWD_MODE == 3:
-            w_hi = b_w.to(SPLIT_DTYPE)
-            w_lo = (b_w - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
-            h_hi = b_h.to(SPLIT_DTYPE)
-            h_lo = (b_h - h_hi.to(tl.float32)).to(SPLIT_DTYPE)
-            b_delta = b_u - tl.dot(w_lo, h_hi, tl.dot(w_hi, h_lo, tl.dot(w_hi, h_hi)))
-        else:
-            b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
+        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
-        if FWD_MODE >= 2:
-            d_hi = b_delta.to(SPLIT_DTYPE)
-            d_lo = (b_delta - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
-            b_h = tl.dot(b_kt, d_lo, tl.dot(b_kt, d_hi, b_h * tl.exp(G_last)))
-        else:
-            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
+        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
 
 
@@ -165,16 +148,6 @@ WT_MODES = {
     3: "three bf16 products hi·hi + hi·lo + lo·hi: ~2^-16 relative, tighter than tf32 (bf16x3)",
 }
 
-# Operands of state_fwd's two products for fp32 W and 16-bit k (other dtypes take mode 0). By default both are
-# tf32 products, which need fp32 operand tiles: k (16-bit in memory) converted in registers, W through
-# shared memory with 4-byte copies. 2 feeds kᵀδ as bf16 products (k as stored, δ split into hi + lo: ~2^-16
-# relative, tighter than tf32); 3 also splits W and S (three products, as bf16x3 does for state_bwd).
-FWD_MODES = {
-    0: "W's dtype (tf32 for fp32 W)",
-    2: "kᵀδ as two bf16 products (k exact, δ = hi + lo)",
-    3: "kᵀδ as in 2 and W·S as three bf16 products hi·hi + hi·lo + lo·hi",
-}
-
 # The state passes are sequential over chunks, so their speed is set by how many programs share the GPU:
 # narrow V tiles give N·H·V/BV programs (twice as many with 32 as with 64).
 STATE_BLOCK_V = 32
@@ -223,21 +196,13 @@ def state_fwd(
     num_warps: int | None = None,
     num_stages: int | None = None,
     delta_dtype: torch.dtype | None = None,
-    fwd_mode: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
-
-    ``fwd_mode`` (``FWD_MODES``) picks the operands of the two products; it only matters for fp32 W from
-    16-bit inputs.
 
     ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
     in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
     the products of the pass follow W's dtype either way.
     """
-    if fwd_mode not in FWD_MODES:
-        raise ValueError(f"fwd_mode must be one of {tuple(FWD_MODES)}, got {fwd_mode}")
-    if w.dtype != torch.float32 or k.dtype == torch.float32:
-        fwd_mode = 0  # as state_bwd's wt_mode: 16-bit W is a 16-bit operand already, fp32 inputs stay fp32
     _, _, H, K = k.shape
     V = u.shape[-1]
     BK, BV = _blocks(K, V, block_v)
@@ -252,7 +217,7 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, FWD_MODE=fwd_mode, SPLIT_DTYPE=_split_dtype(),
+        IS_VARLEN=seqs.is_varlen,
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
@@ -278,8 +243,8 @@ def state_bwd(
     [N,H,K,V] fp32).
 
     ∂L/∂δ is stored in k's dtype because both its readers (dqkw and wy_bwd, in ``grads.py`` and
-    ``grads_sliced.py``) round it to k's dtype on load: storing it rounded gives them the same bits for half
-    the bytes. The pass itself uses the fp32 value (its Wᵀ·dδ product).
+    ``grads_sliced.py``) round it to k's dtype on load: storing it rounded gives them the same values for
+    half the bytes. The pass itself uses the fp32 value (its Wᵀ·dδ product).
 
     ``block_v`` etc. as in ``state_fwd``; the default V tile is 64 at n_h = 1 (``STATE_BWD_BLOCK_V_NH1``).
 

@@ -1,0 +1,62 @@
+"""Launch keys of the per-chunk output kernels (ninth session): output_fwd's K slice and V tile (``obk``,
+``obv``; it loops over K slices, one by default) and dv_local's V tile (``dbv``).
+
+CPU (interpreter): end to end against the fp64 oracle in fp32, odd T, documents (one empty), fp16.
+GPU: bf16 at the issue's tolerances.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titan_delta_kernels.gated_delta_product.options import parse_options
+
+from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
+from .test_gated_delta_product_triton import check_against_reference, make_inputs
+
+
+def test_output_keys_parse():
+    assert parse_options("default+obk=64+obv=128").launch_text().endswith("+obk=64+obv=128")
+    assert parse_options("default+obk=64").output_block_k == 64
+    with pytest.raises(ValueError, match="obk"):
+        parse_options("default+obk=48")
+
+
+@pytest.mark.parametrize(("variant", "n_h", "T", "K"), [
+    ("default+obk=32", 2, 37, 64), ("default+obk=64+obv=32", 3, 23, 128),
+    ("default+obv=128+obk=16+dbv=128", 1, 21, 32), ("default+dbv=32", 2, 19, 16),
+])  # fmt: skip
+def test_output_tiles_match_reference(variant, n_h, T, K):
+    torch.manual_seed(n_h * T)
+    inputs = make_inputs(2, T, 2, K, 32, n_h)
+    check_against_reference(inputs, n_h, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(variant))
+
+
+def test_output_tiles_varlen_fp16():
+    """Documents (one empty) with fp16 inputs, K in two slices."""
+    torch.manual_seed(7)
+    cu = torch.tensor([0, 9, 9, 30], dtype=torch.int32)
+    inputs = make_inputs(1, 30, 2, 32, 16, 2, num_seqs=3, dtype=torch.float16)
+    check_against_reference(inputs, 2, cu, 5e-3, 1e-2, 2e-2, kernel=variant_kernel("default+obk=16"))
+
+
+# ---------------------------------------------------------------- GPU tests (real shapes, bf16)
+@pytest.mark.gpu
+@pytest.mark.parametrize(("variant", "n_h", "K"), [
+    ("default+obk=64+dbv=128", 2, 128), ("default+obk=32+obv=128+dbv=128", 3, 64),
+    ("default+obk=64+obv=128", 2, 128), ("default+obv=128", 1, 128),
+])  # fmt: skip
+def test_gpu_output_tiles_bf16_match_reference(variant, n_h, K):
+    inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
+    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
+    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(variant))
+
+
+@pytest.mark.gpu
+def test_gpu_output_tiles_varlen_and_no_gate():
+    cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
+    inputs = make_inputs(1, 555, 4, 128, 128, 3, num_seqs=5, device="cuda", dtype=torch.bfloat16)
+    check_against_reference(inputs, 3, cu, *ISSUE_TOL, kernel=variant_kernel("default+obk=64"))
+    inputs = make_inputs(2, 250, 4, 64, 64, 2, gated=False, device="cuda", dtype=torch.bfloat16)
+    check_against_reference(inputs, 2, None, *ISSUE_TOL, kernel=variant_kernel("default+obv=128"))

@@ -18,6 +18,7 @@ from titan_delta_kernels.gated_delta_product._common import chunk_geometry
 
 STATE_BLOCK_V = 32  # mirrors state.STATE_BLOCK_V (not imported: the model must not need a GPU build)
 STATE_BWD_BLOCK_V_NH1 = 64  # mirrors state.STATE_BWD_BLOCK_V_NH1
+OUTPUT_BLOCK_V = 128  # mirrors output.OUTPUT_BLOCK_V (V tile of output_fwd and dv_local)
 FORWARD_STAGES = ("wy_fwd", "state_fwd", "output_fwd")
 BACKWARD_STAGES = ("state_fwd", "dv_local", "state_bwd", "dqkw", "wy_bwd")  # state_fwd: recomputation
 
@@ -65,7 +66,7 @@ def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool 
     geo = chunk_geometry(n_h)
     s = tensor_bytes(B, T, H, K, V, n_h, lowp=lowp, in_bytes=in_bytes)
     BT, BC, BK = geo.block_steps, geo.block_tokens, max(16, triton.next_power_of_2(K))
-    bv_chunk = min(64, max(16, triton.next_power_of_2(V)))
+    bv_chunk = min(OUTPUT_BLOCK_V, max(16, triton.next_power_of_2(V)))
     n_v = triton.cdiv(V, bv_chunk)
     chunk_heads = B * triton.cdiv(T, geo.tokens_per_chunk) * H
     state_programs = B * H * triton.cdiv(V, min(state_block_v or STATE_BLOCK_V, V))

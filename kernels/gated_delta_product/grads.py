@@ -246,7 +246,7 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same values, half the bytes); the direct dk,
     # which wy_bwd adds in fp32, in δ's dtype (fp32 unless lowp or lowp_safe).
     dk_part = torch.empty(B, L, H, K, dtype=v_new.dtype, device=k.device)
-    dw = torch.empty_like(k)
+    dw = torch.empty(B, L, H, K, dtype=k.dtype, device=k.device)
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
     common, where, grid = _launch_config(k, d_delta.shape[-1], g is not None, geo, seqs, num_warps)

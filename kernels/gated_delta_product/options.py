@@ -60,10 +60,10 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     # from 255 registers + 80 B of spill and 80 KB of shared memory to 186 registers, no spill, 48 KB; with
     # dqregs=168 3 blocks fit per SM instead of 2. Not yet run on a GPU (eighth session): opt-in.
     "dqbk": ("dqkw_block_k", (16, 32, 64)),
-    # output_fwd's K slice (default: all of K in one) and V tile (default 64); ninth session, not yet timed
+    # output_fwd's K slice (default: all of K in one), its V tile and dv_local's (default 128: output.py)
     "obk": ("output_block_k", (16, 32, 64, 128)),
     "obv": ("output_block_v", (32, 64, 128)),
-    "dbv": ("dv_local_block_v", (32, 64, 128)),  # dv_local's V tile (default 64); not yet timed
+    "dbv": ("dv_local_block_v", (32, 64, 128)),
 }
 # Launch combinations that broke an H200 run: refused here, so a training run cannot select them.
 KNOWN_BAD = {

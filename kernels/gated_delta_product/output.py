@@ -123,13 +123,20 @@ def dv_local_kernel(
              mask=m_s[:, None] & (o_v < V)[None, :])  # fmt: skip
 
 
+# V tile of both kernels: every tile recomputes the chunk's [C, C·n_h] scores and reloads q and k, so one tile
+# covers V up to 128. On an H200 at [4,4096,16,128], n_h = 2, 128 columns against 64 took output_fwd 0.275 ->
+# 0.227 ms and dv_local 0.213 -> 0.143 ms; 32 columns were slower (dv_local 0.355 ms), and output_fwd's K in
+# two 64-column slices too (0.282 ms) (docs/benchmarks.md, GDP 04:54 UTC, ninth session).
+OUTPUT_BLOCK_V = 128
+
+
 def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
             block_k: int | None = None, block_v: int | None = None) -> None:  # fmt: skip
     """One program per (chunk, head, V tile); ``block_k`` (output_fwd only: its K slice, default all of K) and
-    ``block_v`` (default 64) are capped at K's and V's power-of-two blocks."""
+    ``block_v`` (default ``OUTPUT_BLOCK_V``) are capped at K's and V's power-of-two blocks."""
     _, _, H, K = q.shape
     BK = min(block_k or 1 << 30, max(16, next_power_of_2(K)))
-    BV = min(block_v or 64, max(16, next_power_of_2(V)))
+    BV = min(block_v or OUTPUT_BLOCK_V, max(16, next_power_of_2(V)))
     launch(
         kernel, (seqs.grid_chunks, H, cdiv(V, BV)),
         *tensors,
@@ -172,7 +179,7 @@ def dv_local(
     block_v: int | None = None,
 ) -> torch.Tensor:
     """[B, L, H, V] in ``inter_dtype`` (fp32, or k's dtype with ``lowp``): the within-chunk part of ∂L/∂δ.
-    ``block_v``: the V tile (default 64; every tile recomputes the chunk's scores)."""
+    ``block_v``: the V tile (default ``OUTPUT_BLOCK_V``; every tile recomputes the chunk's scores)."""
     V = d_out.shape[-1]
     d_vlocal = torch.empty(*k.shape[:3], V, dtype=inter_dtype, device=k.device)
     _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,

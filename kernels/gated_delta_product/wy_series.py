@@ -107,8 +107,16 @@ def wy_series_kernel(
                  mask=m_s[:, None] & m_v[None, :])  # fmt: skip
 
 
-# Warps of the series transform: its [64, 64] tiles split over them (4: 16 rows each).
+# Warps of the series transform: its [64, 64] tiles split over them (4: 16 rows each); 2 at K <= 64, where
+# on an H200 the transform went 0.577 -> 0.517 ms at [8,2048,16,64], n_h = 3, while at K = 128 2 warps were
+# slower (0.481 -> 0.491 ms at [4,4096,16,128], n_h = 2) and 8 far slower at both (docs/benchmarks.md, GDP
+# 04:54 UTC, ninth session).
 SERIES_WY_WARPS = 4
+SERIES_WY_WARPS_SMALL_K = 2
+
+
+def series_warps(K: int) -> int:
+    return SERIES_WY_WARPS_SMALL_K if K <= 64 else SERIES_WY_WARPS
 
 
 def series_precision(dtype: torch.dtype) -> str:
@@ -130,5 +138,6 @@ def wy_fwd_series(
     """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``."""
     if geo.block_steps != 64:
         return wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
-    return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype,
-                                  num_warps or SERIES_WY_WARPS, PREC=series_precision(k.dtype))  # fmt: skip
+    warps = num_warps or series_warps(k.shape[-1])
+    return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps,
+                                  PREC=series_precision(k.dtype))  # fmt: skip

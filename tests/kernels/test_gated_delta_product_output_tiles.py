@@ -23,6 +23,27 @@ def test_output_keys_parse():
         parse_options("default+obk=48")
 
 
+def test_output_tile_defaults(monkeypatch):
+    """One 128-column V tile in both output kernels, all of K in one slice; the series transform takes 2 warps
+    at K <= 64 and 4 above; the cost model mirrors the V tile."""
+    from titan_delta_kernels.gated_delta_product import cost, output, wy_series
+
+    assert cost.OUTPUT_BLOCK_V == output.OUTPUT_BLOCK_V == 128
+    assert [wy_series.series_warps(K) for K in (32, 64, 128)] == [2, 2, 4]
+    seen = []
+    real = output.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen.append((kernel.fn.__name__, grid[2], kwargs["BK"], kwargs["BV"]))
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(output, "launch", spy)
+    inputs = make_inputs(1, 20, 2, 64, 128, 2)
+    args = [inputs[n].requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+    variant_kernel("default")(*args, num_householder=2)[0].sum().backward()
+    assert seen == [("output_fwd_kernel", 1, 64, 128), ("dv_local_kernel", 1, 64, 128)]
+
+
 @pytest.mark.parametrize(("variant", "n_h", "T", "K"), [
     ("default+obk=32", 2, 37, 64), ("default+obk=64+obv=32", 3, 23, 128),
     ("default+obv=128+obk=16+dbv=128", 1, 21, 32), ("default+dbv=32", 2, 19, 16),

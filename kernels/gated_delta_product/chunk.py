@@ -34,7 +34,13 @@ from titan_delta_kernels.gated_delta_product import grads, grads_sliced
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
-from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
+from titan_delta_kernels.gated_delta_product.state import (
+    is_planes,
+    plane_dtype,
+    split_planes,
+    state_bwd,
+    state_fwd,
+)
 from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
@@ -68,8 +74,13 @@ def gdp_chunk_fwd(
     opts = parse_options(options)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
-    transform = wy_fwd_series if opts.wyseries else wy_fwd_fast if opts.fastwy else wy_fwd
-    t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
+    planes = _planes(k, lowp, opts)
+    if opts.wyseries:
+        t_inv, w, u = wy_fwd_series(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps, planes)
+    else:
+        transform = wy_fwd_fast if opts.fastwy else wy_fwd
+        t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
+        w = split_planes(w) if planes else w
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
         **_state_launch(opts),
@@ -88,7 +99,10 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_
     o = q.new_empty(B, T, H, V)
     final_state = q.new_empty(_num_sequences(q, cu_seqlens), H, K, V, dtype=torch.float32)
     t_inv = k.new_empty(*k.shape[:3], geo.block_steps)
-    w = torch.empty_like(k, dtype=_inter_dtype(k, lowp))
+    if _planes(k, lowp, parse_options(options)):
+        w = k.new_empty(*k.shape[:3], 2 * K, dtype=plane_dtype())
+    else:
+        w = torch.empty_like(k, dtype=_inter_dtype(k, lowp))
     u = torch.empty_like(v, dtype=_inter_dtype(k, lowp))
     v_new = torch.empty_like(v, dtype=_inter_dtype(k, lowp or parse_options(options).lowp_safe))
     return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), v_new
@@ -125,7 +139,7 @@ def gdp_chunk_bwd(
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
-    inter = k.dtype if opts.lowp_safe else w.dtype
+    inter = k.dtype if opts.lowp_safe else torch.float32 if is_planes(w, k) else w.dtype
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
@@ -184,6 +198,11 @@ def _backward(ctx, d_out, d_final, *_internal_grads):
 def _state_launch(opts: GdpOptions) -> dict:
     """Launch overrides of both sequential state passes (None keeps a default)."""
     return dict(block_v=opts.state_block_v, num_warps=opts.state_warps, num_stages=opts.state_stages)
+
+
+def _planes(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:
+    """Whether W is stored as planes (``wplanes``): for 16-bit inputs whose W would be fp32."""
+    return opts.wplanes and not lowp and k.dtype != torch.float32
 
 
 def _inter_dtype(k: Tensor, lowp: bool) -> torch.dtype:

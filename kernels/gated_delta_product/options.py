@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries")
+FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
+         "wplanes")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -47,6 +48,10 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # fastwy's 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
 # H200 (docs/benchmarks.md, GDP 02:50 UTC): the transform 0.501 -> 0.310 ms at [8,2048,16,64], n_h = 2, and
 # 0.967 -> 0.708 ms at [4,4096,16,128], n_h = 3; its GPU tests passed at the issue's tolerances.
+# wplanes (ninth session, opt-in until timed): W stored as two 16-bit planes, hi = W rounded and lo = W − hi
+# rounded (state.split_planes; same bytes as fp32 W), for 16-bit inputs without lowp. The forward state pass
+# then makes W·S three 16-bit products (~2^-16 relative, tighter than the default's tf32) and the reverse pass
+# loads bf16x3's halves instead of splitting fp32 W in registers (the same products).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -90,6 +95,7 @@ class GdpOptions:
     bf16x3: bool = False
     kslice: bool = False
     wyseries: bool = False
+    wplanes: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

@@ -28,9 +28,13 @@ def state_fwd_kernel(
     cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
 ):  # fmt: skip
-    """Stores the state entering each chunk and δ = U − W S for it; writes the final state."""
+    """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
+
+    ``W_PLANES``: W comes as 16-bit planes (``split_planes``), each row [hi | lo]; W·S is then three 16-bit
+    products hi·S_hi + hi·S_lo + lo·S_hi (~2^-16 relative) instead of one tf32 product.
+    """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -53,18 +57,28 @@ def state_fwd_kernel(
 
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
-        b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
         b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
-        # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
-        # state is rounded to bf16 for the product (what FLA does).
-        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
+        if W_PLANES:
+            w_hi = tl.load(w + rows[:, None] * (2 * K) + o_k[None, :], mask=m_sk, other=0.0)
+            w_lo = tl.load(w + rows[:, None] * (2 * K) + K + o_k[None, :], mask=m_sk, other=0.0)
+            h_hi = b_h.to(w_hi.dtype)
+            h_lo = (b_h - h_hi.to(tl.float32)).to(w_hi.dtype)
+            b_delta = b_u - tl.dot(w_lo, h_hi, tl.dot(w_hi, h_lo, tl.dot(w_hi, h_hi)))
+        else:
+            b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+            # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
+            # state is rounded to bf16 for the product (what FLA does).
+            b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
-        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
+        if W_PLANES:  # kᵀδ stays the default's tf32 product
+            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(tl.float32), b_delta)
+        else:
+            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
 
 
@@ -75,13 +89,14 @@ def state_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, WT_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr,
+    SPLIT_DTYPE: tl.constexpr, W_PLANES: tl.constexpr,
 ):  # fmt: skip
     """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state.
 
     ``WT_MODE`` picks the operands of the product Wᵀ·dδ (see ``WT_MODES``): 0 in W's dtype (tf32 for fp32 W),
     1 both rounded to k's dtype, 3 the fp32 product as three SPLIT_DTYPE (bf16) products hi·hi + hi·lo +
-    lo·hi.
+    lo·hi. With ``W_PLANES`` (W as 16-bit planes, ``split_planes``) mode 3 loads W's halves instead of
+    splitting it: the same products.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -121,16 +136,24 @@ def state_bwd_kernel(
                        other=0.0)  # fmt: skip
         b_do = (b_do.to(tl.float32) * (scale * tl.exp(Gq))[:, None]).to(b_qt.dtype)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
-        b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-        if WT_MODE == 1:
+        if W_PLANES:
+            w_hi = tl.load(w + rows[None, :] * (2 * K) + o_k[:, None], mask=m_ks, other=0.0)
+            w_lo = tl.load(w + rows[None, :] * (2 * K) + K + o_k[:, None], mask=m_ks, other=0.0)
+            d_hi = b_dd.to(w_hi.dtype)
+            d_lo = (b_dd - d_hi.to(tl.float32)).to(w_hi.dtype)
+            b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
+        elif WT_MODE == 1:
+            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
             b_wdd = tl.dot(b_wt.to(b_k.dtype), b_dd.to(b_k.dtype))
         elif WT_MODE == 3:
+            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
             w_hi = b_wt.to(SPLIT_DTYPE)
             w_lo = (b_wt.to(tl.float32) - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
             d_hi = b_dd.to(SPLIT_DTYPE)
             d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
             b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
         else:
+            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
             b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
         b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - b_wdd
     tl.store(d_h0 + state_off, b_dh, mask=m_kv)
@@ -179,6 +202,25 @@ def _split_dtype() -> tl.dtype:
     return tl.float16 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
+def plane_dtype() -> torch.dtype:
+    """Dtype of W's planes: ``_split_dtype`` as a torch dtype (bf16; fp16 under the CPU interpreter)."""
+    return torch.float16 if os.environ.get("TRITON_INTERPRET") == "1" else torch.bfloat16
+
+
+def split_planes(w: torch.Tensor) -> torch.Tensor:
+    """fp32 W [..., K] -> [..., 2K] in ``plane_dtype``: each row is [hi | lo] with hi = W rounded and
+    lo = W − hi rounded (hi + lo carries ~16 bits). The ``wplanes`` variant stores W this way: both state
+    passes then feed 16-bit tensor-core products straight from memory (what bf16x3 builds in registers in
+    state_bwd)."""
+    hi = w.to(plane_dtype())
+    return torch.cat([hi, (w - hi.float()).to(hi.dtype)], dim=-1)
+
+
+def is_planes(w: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether W comes as planes (``split_planes``): twice k's last dim."""
+    return w.shape[-1] == 2 * k.shape[-1]
+
+
 def _blocks(K: int, V: int, block_v: int | None) -> tuple[int, int]:
     BV = block_v or STATE_BLOCK_V
     return max(16, next_power_of_2(K)), min(BV, max(16, next_power_of_2(V)))
@@ -201,7 +243,8 @@ def state_fwd(
 
     ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
     in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
-    the products of the pass follow W's dtype either way.
+    the products of the pass follow W's dtype either way, except that W as planes (``split_planes``) makes
+    W·S three 16-bit products.
     """
     _, _, H, K = k.shape
     V = u.shape[-1]
@@ -217,7 +260,7 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen,
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k),
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
@@ -246,6 +289,8 @@ def state_bwd(
     ``grads_sliced.py``) round it to k's dtype on load: storing it rounded gives them the same values for
     half the bytes. The pass itself uses the fp32 value (its Wᵀ·dδ product).
 
+    W as planes (``split_planes``) gives Wᵀ·dδ as bf16x3's three products whatever ``wt_mode`` says.
+
     ``block_v`` etc. as in ``state_fwd``; the default V tile is 64 at n_h = 1 (``STATE_BWD_BLOCK_V_NH1``).
 
     ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W from 16-bit inputs
@@ -272,7 +317,7 @@ def state_bwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-        IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(),
+        IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(), W_PLANES=is_planes(w, k),
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

@@ -18,6 +18,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     chunk_log_gates,
     locate_chunk,
 )
+from titan_delta_kernels.gated_delta_product.state import plane_dtype
 
 
 @triton.jit
@@ -91,15 +92,19 @@ def wy_fwd_kernel(
 
 def launch_block_transform(
     kernel: triton.JITFunction, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
-    geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int, **constexprs: object,
+    geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int,
+    w_planes: bool = False, **constexprs: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Outputs and launch shared by the UT transforms (``wy_fwd_kernel``, ``wy_fast_kernel``,
     ``wy_series_kernel``: one signature): one program per (chunk, head); ``constexprs`` are a kernel's own
-    extra ones."""
+    extra ones. ``w_planes``: W is allocated as planes (``state.split_planes``), which the kernel writes."""
     B, L, H, K = k.shape
     V = v.shape[-1]
     t_inv = k.new_empty(B, L, H, geo.block_steps)
-    w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
+    if w_planes:
+        w = torch.empty(B, L, H, 2 * K, dtype=plane_dtype(), device=k.device)
+    else:
+        w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
     u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
     launch(
         kernel, (seqs.grid_chunks, H),

@@ -30,6 +30,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     chunk_log_gates,
     locate_chunk,
 )
+from titan_delta_kernels.gated_delta_product.state import split_planes
 from titan_delta_kernels.gated_delta_product.wy_fwd import launch_block_transform, wy_fwd
 
 
@@ -62,7 +63,7 @@ def wy_series_kernel(
     cu_seqlens, chunk_offsets, T, NT, N, search_steps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, W_PLANES: tl.constexpr,
 ):  # fmt: skip
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
@@ -96,8 +97,14 @@ def wy_series_kernel(
     e = b * tl.exp(G)
     kk = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
     w_rows = tl.dot((t * e[None, :]).to(kd), kk)
-    tl.store(w + rows[:, None] * K + o_k[None, :], w_rows.to(w.dtype.element_ty),
-             mask=m_s[:, None] & m_k[None, :])  # fmt: skip
+    if W_PLANES:  # rows [hi | lo] (state.split_planes)
+        w_hi = w_rows.to(w.dtype.element_ty)
+        w_lo = (w_rows - w_hi.to(tl.float32)).to(w.dtype.element_ty)
+        tl.store(w + rows[:, None] * (2 * K) + o_k[None, :], w_hi, mask=m_s[:, None] & m_k[None, :])
+        tl.store(w + rows[:, None] * (2 * K) + K + o_k[None, :], w_lo, mask=m_s[:, None] & m_k[None, :])
+    else:
+        tl.store(w + rows[:, None] * K + o_k[None, :], w_rows.to(w.dtype.element_ty),
+                 mask=m_s[:, None] & m_k[None, :])  # fmt: skip
     tb = (t * b[None, :]).to(kd)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -134,10 +141,13 @@ def wy_fwd_series(
     seqs: SequenceLayout,
     inter_dtype: torch.dtype = torch.float32,
     num_warps: int | None = None,
+    w_planes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``."""
+    """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``.
+    ``w_planes``: W as planes (``state.split_planes``), written by the kernel from its fp32 product."""
     if geo.block_steps != 64:
-        return wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
+        t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
+        return t_inv, split_planes(w) if w_planes else w, u
     warps = num_warps or series_warps(k.shape[-1])
-    return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps,
-                                  PREC=series_precision(k.dtype))  # fmt: skip
+    return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps, w_planes,
+                                  PREC=series_precision(k.dtype), W_PLANES=w_planes)  # fmt: skip

@@ -165,7 +165,8 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
     """Each kernel stage of ours, timed alone, with the cost model beside it; then stage sums."""
     for opts in stage_variants(variants):
         t = stage_inputs(B, T, H, D, n_h, opts)
-        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=opts.lowp, state_block_v=opts.state_block_v)
+        costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=opts.lowp, state_block_v=opts.state_block_v,
+                                 w_planes=opts.wplanes and not opts.lowp)  # fmt: skip
         print(f"\n# stage breakdown [{B}, {T}, {H}, {D}] n_h={n_h} {opts.text()} "
               "(GB, GFLOP: cost-model estimates)", flush=True)  # fmt: skip
         times = {}

@@ -17,7 +17,7 @@ import triton
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry
 
 STATE_BLOCK_V = 32  # mirrors state.STATE_BLOCK_V (not imported: the model must not need a GPU build)
-STATE_BWD_BLOCK_V_NH1 = 64  # mirrors state.STATE_BWD_BLOCK_V_NH1
+STATE_BWD_BLOCK_V_NH1 = 64  # mirrors state.STATE_BWD_BLOCK_V_NH1 (and state.STATE_BWD_BLOCK_V_PLANES)
 OUTPUT_BLOCK_V = 128  # mirrors output.OUTPUT_BLOCK_V (V tile of output_fwd and dv_local)
 FORWARD_STAGES = ("wy_fwd", "state_fwd", "output_fwd")
 BACKWARD_STAGES = ("state_fwd", "dv_local", "state_bwd", "dqkw", "wy_bwd")  # state_fwd: recomputation
@@ -60,9 +60,11 @@ def tensor_bytes(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool
 
 
 def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool = False,
-                in_bytes: int = 2, state_block_v: int | None = None) -> dict[str, StageCost]:  # fmt: skip
+                in_bytes: int = 2, state_block_v: int | None = None,
+                w_planes: bool = False) -> dict[str, StageCost]:  # fmt: skip
     """Cost of each stage for a [B, T, H, K/V] problem (no varlen), keyed by kernel name. ``state_block_v``:
-    the V tile of both state passes (None: their defaults)."""
+    the V tile of both state passes (None: their defaults); ``w_planes``: W as planes (same bytes as fp32 W,
+    a 64-column V tile in the reverse pass by default)."""
     geo = chunk_geometry(n_h)
     s = tensor_bytes(B, T, H, K, V, n_h, lowp=lowp, in_bytes=in_bytes)
     BT, BC, BK = geo.block_steps, geo.block_tokens, max(16, triton.next_power_of_2(K))
@@ -70,7 +72,7 @@ def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool 
     n_v = triton.cdiv(V, bv_chunk)
     chunk_heads = B * triton.cdiv(T, geo.tokens_per_chunk) * H
     state_programs = B * H * triton.cdiv(V, min(state_block_v or STATE_BLOCK_V, V))
-    bwd_block_v = state_block_v or (STATE_BWD_BLOCK_V_NH1 if n_h == 1 else STATE_BLOCK_V)
+    bwd_block_v = state_block_v or (STATE_BWD_BLOCK_V_NH1 if n_h == 1 or w_planes else STATE_BLOCK_V)
     state_bwd_programs = B * H * triton.cdiv(V, min(bwd_block_v, V))
     walk = triton.cdiv(T, geo.tokens_per_chunk)
 

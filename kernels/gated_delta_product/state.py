@@ -32,8 +32,9 @@ def state_fwd_kernel(
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
 
-    ``W_PLANES``: W comes as 16-bit planes (``split_planes``), each row [hi | lo]; W·S is then three 16-bit
-    products hi·S_hi + hi·S_lo + lo·S_hi (~2^-16 relative) instead of one tf32 product.
+    ``W_PLANES``: W comes as 16-bit planes (``split_planes``), each row [hi | lo], added back to fp32 for the
+    default's tf32 products. (Three 16-bit products hi·S_hi + hi·S_lo + lo·S_hi instead were slower on an
+    H200: 0.429 -> 0.481 ms at [4,4096,16,128], n_h = 2; docs/benchmarks.md, GDP 05:04 UTC, ninth session.)
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -58,27 +59,22 @@ def state_fwd_kernel(
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
-        if W_PLANES:
-            w_hi = tl.load(w + rows[:, None] * (2 * K) + o_k[None, :], mask=m_sk, other=0.0)
-            w_lo = tl.load(w + rows[:, None] * (2 * K) + K + o_k[None, :], mask=m_sk, other=0.0)
-            h_hi = b_h.to(w_hi.dtype)
-            h_lo = (b_h - h_hi.to(tl.float32)).to(w_hi.dtype)
-            b_delta = b_u - tl.dot(w_lo, h_hi, tl.dot(w_hi, h_lo, tl.dot(w_hi, h_hi)))
+        if W_PLANES:  # W = hi + lo back in fp32 (exact to ~2^-16), then the default's tf32 product
+            w_row = w + rows[:, None] * (2 * K) + o_k[None, :]
+            b_w = tl.load(w_row, mask=m_sk, other=0.0).to(tl.float32)
+            b_w += tl.load(w_row + K, mask=m_sk, other=0.0).to(tl.float32)
         else:
             b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
-            # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
-            # state is rounded to bf16 for the product (what FLA does).
-            b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
+        # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the state
+        # is rounded to bf16 for the product (what FLA does).
+        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
-        if W_PLANES:  # kᵀδ stays the default's tf32 product
-            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(tl.float32), b_delta)
-        else:
-            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
+        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
 
 
@@ -183,7 +179,16 @@ STATE_NUM_WARPS = 4
 STATE_BWD_BLOCK_V_NH1 = 64
 
 
-def _bwd_block_v(num_householder: int) -> int:
+# With W as planes the reverse pass at 64 columns was faster than at 32 on an H200 (0.584 -> 0.466 ms at
+# [4,4096,16,128], n_h = 2; 0.247 -> 0.208 ms at [8,2048,16,64], n_h = 3; 0.761 -> 0.757 ms at n_h = 3,
+# K = 128; docs/benchmarks.md, GDP 05:04 UTC, ninth session), where fp32 W at 64 columns was slower (0.619 ->
+# 0.757 ms, eighth session).
+STATE_BWD_BLOCK_V_PLANES = 64
+
+
+def _bwd_block_v(num_householder: int, planes: bool = False) -> int:
+    if planes:
+        return STATE_BWD_BLOCK_V_PLANES
     return STATE_BWD_BLOCK_V_NH1 if num_householder == 1 else STATE_BLOCK_V
 
 
@@ -243,8 +248,7 @@ def state_fwd(
 
     ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
     in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
-    the products of the pass follow W's dtype either way, except that W as planes (``split_planes``) makes
-    W·S three 16-bit products.
+    the products of the pass follow W's dtype either way (fp32 for W as planes, ``split_planes``).
     """
     _, _, H, K = k.shape
     V = u.shape[-1]
@@ -305,7 +309,7 @@ def state_bwd(
         wt_mode = 0
     _, _, H, K = k.shape
     V = d_vlocal.shape[-1]
-    BK, BV = _blocks(K, V, block_v or _bwd_block_v(geo.num_householder))
+    BK, BV = _blocks(K, V, block_v or _bwd_block_v(geo.num_householder, is_planes(w, k)))
     d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)

@@ -2,8 +2,8 @@
 
 CPU (interpreter, where the planes are fp16 and products exact fp32): the planes carry W to ~2^-22; the
 series transform writes exactly ``split_planes`` of its fp32 W; the forward state pass with planes lands
-within ~2^-16-level error of fp32 W, the reverse pass on bf16x3's products; end to end against the fp64
-oracle (fp16 inputs, documents), and a no-op for fp32 inputs.
+within split error of fp32 W, the reverse pass on bf16x3's products; end to end against the fp64 oracle
+(fp16 inputs, documents), and a no-op for fp32 inputs.
 GPU: bf16 at the issue's tolerances, and the reverse pass against bf16x3 on fp32 W.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from titan_delta_kernels.gated_delta_product import state
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import parse_options
 from titan_delta_kernels.gated_delta_product.state import (
@@ -66,8 +67,8 @@ def test_series_transform_writes_the_planes_of_its_w(n_h):
 
 @pytest.mark.parametrize(("n_h", "gated"), [(1, True), (2, False), (3, True)])
 def test_state_passes_with_planes(n_h, gated):
-    """Forward: W·S as three 16-bit products of the planes, within split error of fp32 W (exact products
-    here). Reverse: bf16x3's own products, from the planes instead of registers."""
+    """Forward: W = hi + lo back in fp32, within split error of fp32 W (exact products here). Reverse:
+    bf16x3's own products, from the planes instead of registers, on 64-column V tiles."""
     x, geo, seqs = transform_inputs(torch.float16, n_h)
     if not gated:
         x["g"] = None
@@ -77,7 +78,7 @@ def test_state_passes_with_planes(n_h, gated):
     got = state_fwd(x["k"], planes, u, x["g"], x["initial_state"], geo, seqs)
     assert not torch.equal(base[1], got[1])  # the planes path ran (δ moves at rounding level)
     for name, a, b in zip(("chunk_states", "delta", "final_state"), got, base, strict=True):
-        assert rel(a, b) < (2e-3 if name == "chunk_states" else 1e-4), name  # chunk states are fp16 here
+        assert rel(a, b) < (2e-3 if name == "chunk_states" else 1e-5), name  # chunk states are fp16 here
 
     d_out = torch.randn(1, 40, 2, 16).to(torch.float16)
     from titan_delta_kernels.gated_delta_product.output import dv_local
@@ -85,8 +86,9 @@ def test_state_passes_with_planes(n_h, gated):
     dvl = dv_local(x["q"], x["k"], x["g"], d_out, 0.25, geo, seqs)
     common = (x["q"], x["k"])
     tail = (x["g"], d_out, None, dvl, 0.25, geo, seqs)
-    split3 = state_bwd(*common, w, *tail, wt_mode=3)
+    split3 = state_bwd(*common, w, *tail, wt_mode=3, block_v=64)
     from_planes = state_bwd(*common, planes, *tail, wt_mode=0)  # planes imply the split products
+    assert state._bwd_block_v(n_h, planes=True) == 64 == state._bwd_block_v(1)
     for name, a, b in zip(("d_chunk_states", "d_delta", "d_h0"), from_planes, split3, strict=True):
         assert rel(a, b) < 1e-6, name
 

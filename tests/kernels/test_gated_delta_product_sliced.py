@@ -166,7 +166,7 @@ def test_state_bwd_value_tile_default(monkeypatch):
     from titan_delta_kernels.gated_delta_product import cost, options, state
 
     # the Triton-free copies (cost model, option checks) mirror the kernels' defaults
-    assert cost.STATE_BWD_BLOCK_V_NH1 == state.STATE_BWD_BLOCK_V_NH1
+    assert cost.STATE_BWD_BLOCK_V_NH1 == state.STATE_BWD_BLOCK_V_NH1 == state.STATE_BWD_BLOCK_V_PLANES
     assert cost.STATE_BLOCK_V == options.STATE_BLOCK_V_DEFAULT == state.STATE_BLOCK_V
 
     seen = []

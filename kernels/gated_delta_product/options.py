@@ -48,10 +48,12 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # fastwy's 16×16 ones, which every warp holds whole (255 registers and spills at 2 warps, 12.5% occupancy).
 # H200 (docs/benchmarks.md, GDP 02:50 UTC): the transform 0.501 -> 0.310 ms at [8,2048,16,64], n_h = 2, and
 # 0.967 -> 0.708 ms at [4,4096,16,128], n_h = 3; its GPU tests passed at the issue's tolerances.
-# wplanes (ninth session, opt-in until timed): W stored as two 16-bit planes, hi = W rounded and lo = W − hi
-# rounded (state.split_planes; same bytes as fp32 W), for 16-bit inputs without lowp. The forward state pass
-# then makes W·S three 16-bit products (~2^-16 relative, tighter than the default's tf32) and the reverse pass
-# loads bf16x3's halves instead of splitting fp32 W in registers (the same products).
+# wplanes (ninth session, opt-in): W stored as two 16-bit planes, hi = W rounded and lo = W − hi rounded
+# (state.split_planes; same bytes as fp32 W), for 16-bit inputs without lowp. The reverse pass loads bf16x3's
+# halves instead of splitting fp32 W in registers (the same products) on 64-column V tiles: state_bwd 0.584 ->
+# 0.466 ms at [4,4096,16,128], n_h = 2. But the forward got slower (the state pass adds the planes back to
+# fp32; as three 16-bit products it was slower still), and fwd+bwd went 3.315 -> 3.383 ms at that shape and
+# 4.975 -> 5.219 ms at n_h = 3 (H200, docs/benchmarks.md, GDP 05:10 UTC, ninth session): opt-in.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

@@ -6,8 +6,8 @@
 #   2. the table of the default variant against FLA 0.6.0 at [4,4096,16,128] and [8,2048,16,64], n_h = 2, 3,
 #      1. FLA autotunes: on a fresh H200 the first four rows took 350 s, so the whole table needs a call of
 #      its own: GDP_LIMITS="0 560".
-# Opt-in steps (limit 0 skips a step): 3. the variant test files (lowp_state, bf16x3, fastwy: *_lowp_error.py
-# and *_fast.py; then *_variants.py), 4. ours only: per-stage breakdown and the table of our variants, 5. the
+# Opt-in steps (limit 0 skips a step): 3. the variant test files, newest first (output tiles, wplanes, the
+# series transform, lowp_state / bf16x3, fastwy; then *_variants.py), 4. ours only: per-stage breakdown and the table of our variants, 5. the
 # launch-config sweep (each configuration in its own process: a crash cannot take the others).
 # What a step printed before its limit stays in its log. Overrides: GDP_LIMITS="t_def t_fla t_new t_var t_brk
 # t_ours t_sweep" (seconds), GDP_FLA_VARIANTS and GDP_OURS_VARIANTS (comma lists). Logs go to
@@ -43,8 +43,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 step "$t_def" gdp_tests_default.log "${tests[@]}" tests/kernels/test_gated_delta_product_triton.py
 TAIL=30 step "$t_fla" gdp_bench.md "${bench[@]}" --variants "$fla_variants" --shapes "$shapes" --nh 2,3,1
 # 3. Opt-in: the variants' tests (the newest first).
-step "$t_new" gdp_tests_new.log "${tests[@]}" tests/kernels/test_gated_delta_product_lowp_error.py \
-  tests/kernels/test_gated_delta_product_fast.py
+step "$t_new" gdp_tests_new.log "${tests[@]}" tests/kernels/test_gated_delta_product_output_tiles.py \
+  tests/kernels/test_gated_delta_product_planes.py tests/kernels/test_gated_delta_product_series.py \
+  tests/kernels/test_gated_delta_product_lowp_error.py tests/kernels/test_gated_delta_product_fast.py
 step "$t_var" gdp_tests_variants.log "${tests[@]}" tests/kernels/test_gated_delta_product_variants.py
 # 4. Opt-in, ours only (no FLA autotuning): stages at n_h = 2 (both shapes) and n_h = 1, every variant's table.
 TAIL=80 step "$t_brk" gdp_breakdown.md "${bench[@]}" --no-table --variants "$ours_variants" \

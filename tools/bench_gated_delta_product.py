@@ -105,12 +105,6 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
     t.small = t.q.dtype if opts.lowp or opts.lowp_safe else torch.float32
     t.t_inv, t.w, t.u = wy_fwd.wy_fwd(t.k, t.v, t.beta, t.g, t.geo, t.seqs, t.inter)
     t.planes = opts.wplanes and not opts.lowp  # as chunk._planes for these bf16 inputs
-    t.factor = None
-    if opts.wfactor and t.geo.block_steps == 64:  # W's left factor, from the series transform (as chunk.py)
-        from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
-
-        t.factor = torch.empty_like(t.t_inv)
-        wy_fwd_series(t.k, t.v, t.beta, t.g, t.geo, t.seqs, t.inter, w_factor=t.factor)
     t.w = state.split_planes(t.w) if t.planes else t.w
     t.hs, t.vn, _ = state.state_fwd(t.k, t.w, t.u, t.g, None, t.geo, t.seqs, delta_dtype=t.small)
     t.dvl = output.dv_local(t.q, t.k, t.g, t.d_out, t.scale, t.geo, t.seqs, t.small)
@@ -142,11 +136,10 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
-    series_kw = dict(w_planes=t.planes, w_factor=t.factor) if opts.wyseries else {}
     return {
-        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps, **series_kw),
-        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small,
-                                             w_factor=t.factor),
+        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps,
+                                    **({"w_planes": True} if t.planes and opts.wyseries else {})),
+        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs, opts.output_block_k,
                                                 opts.output_block_v),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small,

@@ -75,19 +75,15 @@ def gdp_chunk_fwd(
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     planes = _planes(k, lowp, opts)
-    # W's left factor for the forward state pass (wfactor): only the series transform on 64-step blocks has it
-    factor = k.new_empty(*k.shape[:3], geo.block_steps) if opts.wfactor and opts.wyseries and \
-        geo.block_steps == 64 else None  # fmt: skip
     if opts.wyseries:
-        t_inv, w, u = wy_fwd_series(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps, planes,
-                                    factor)  # fmt: skip
+        t_inv, w, u = wy_fwd_series(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps, planes)
     else:
         transform = wy_fwd_fast if opts.fastwy else wy_fwd
         t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
         w = split_planes(w) if planes else w
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        **_state_launch(opts), w_factor=factor,
+        **_state_launch(opts),
     )  # fmt: skip
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
     return o, final_state, t_inv, w, u, chunk_states, v_new

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "wfactor")
+         "wplanes")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the tolerances (K = 64 without gate at n_h = 2
@@ -54,9 +54,6 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # 0.466 ms at [4,4096,16,128], n_h = 2. But the forward got slower (the state pass adds the planes back to
 # fp32; as three 16-bit products it was slower still), and fwd+bwd went 3.315 -> 3.383 ms at that shape and
 # 4.975 -> 5.219 ms at n_h = 3 (H200, docs/benchmarks.md, GDP 05:10 UTC, ninth session): opt-in.
-# wfactor (ninth session, opt-in until timed): the forward state pass computes W S as A (K S) from W's factors
-# (A = T diag(βe^G) in k's dtype, which the series transform stores beside W; state.state_fwd), reading about
-# half the bytes per chunk. Needs wyseries and 64-step blocks (n_h <= 4); elsewhere it is ignored.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -101,7 +98,6 @@ class GdpOptions:
     kslice: bool = False
     wyseries: bool = False
     wplanes: bool = False
-    wfactor: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

@@ -24,23 +24,17 @@ from titan_delta_kernels.gated_delta_product._common import (
 
 @triton.jit
 def state_fwd_kernel(
-    k, w, u, g, h0, chunk_states, v_new, final_state, w_factor,
+    k, w, u, g, h0, chunk_states, v_new, final_state,
     cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
-    W_FACTOR: tl.constexpr,
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
 
     ``W_PLANES``: W comes as 16-bit planes (``split_planes``), each row [hi | lo], added back to fp32 for the
     default's tf32 products. (Three 16-bit products hi·S_hi + hi·S_lo + lo·S_hi instead were slower on an
     H200: 0.429 -> 0.481 ms at [4,4096,16,128], n_h = 2; docs/benchmarks.md, GDP 05:04 UTC, ninth session.)
-
-    ``W_FACTOR``: W S is computed as A (K S) from W's factors (W = A K, A = T diag(βe^G) in k's dtype, stored
-    by the transform in ``w_factor``): k's tile is loaded once (its transpose feeds kᵀδ) and A is [BT, BT] in
-    16 bits, so each chunk reads about half the bytes of the fp32 W path. The pass is bound by L2 traffic
-    (ncu: 85% of L2 throughput at [4,4096,16,128], n_h = 2), as its V-tile programs each read the whole W.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -65,30 +59,20 @@ def state_fwd_kernel(
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
-        if W_FACTOR:  # tf32 products with exact 16-bit K and A (a transposed *loaded* tile is safe: grads.py)
-            b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
-            b_a = tl.load(w_factor + rows[:, None] * BT + o_s[None, :], mask=m_s[:, None], other=0.0)
-            b_ks = tl.dot(b_k.to(tl.float32), b_h)
-            b_delta = b_u - tl.dot(b_a.to(tl.float32), b_ks)
-            b_w = b_ks  # fp32: the dtype of this path's kᵀδ product below
+        if W_PLANES:  # W = hi + lo back in fp32 (exact to ~2^-16), then the default's tf32 product
+            w_row = w + rows[:, None] * (2 * K) + o_k[None, :]
+            b_w = tl.load(w_row, mask=m_sk, other=0.0).to(tl.float32)
+            b_w += tl.load(w_row + K, mask=m_sk, other=0.0).to(tl.float32)
         else:
-            if W_PLANES:  # W = hi + lo back in fp32 (exact to ~2^-16), then the default's tf32 product
-                w_row = w + rows[:, None] * (2 * K) + o_k[None, :]
-                b_w = tl.load(w_row, mask=m_sk, other=0.0).to(tl.float32)
-                b_w += tl.load(w_row + K, mask=m_sk, other=0.0).to(tl.float32)
-            else:
-                b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
-            # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the
-            # state is rounded to bf16 for the product (what FLA does).
-            b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
+            b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
+        # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the state
+        # is rounded to bf16 for the product (what FLA does).
+        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
-        if W_FACTOR:
-            b_kt = tl.trans(b_k)
-        else:
-            m_ks = (o_k < K)[:, None] & m_s[None, :]
-            b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+        m_ks = (o_k < K)[:, None] & m_s[None, :]
+        b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
         b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
@@ -259,12 +243,8 @@ def state_fwd(
     num_warps: int | None = None,
     num_stages: int | None = None,
     delta_dtype: torch.dtype | None = None,
-    w_factor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
-
-    ``w_factor``: W's left factor from the series transform (``wy_series.wy_fwd_series``); W S is then
-    computed as A (K S) and W itself is not read (the ``wfactor`` variant).
 
     ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
     in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
@@ -280,11 +260,11 @@ def state_fwd(
     launch(
         state_fwd_kernel, grid,
         k, w, u, k if g is None else g, k if initial_state is None else initial_state,
-        chunk_states, v_new, final_state, k if w_factor is None else w_factor,
+        chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), W_FACTOR=w_factor is not None,
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k),
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state

@@ -93,12 +93,11 @@ def wy_fwd_kernel(
 def launch_block_transform(
     kernel: triton.JITFunction, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int,
-    w_planes: bool = False, extra_args: tuple = (), **constexprs: object,
+    w_planes: bool = False, **constexprs: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Outputs and launch shared by the UT transforms (``wy_fwd_kernel``, ``wy_fast_kernel``,
     ``wy_series_kernel``: one signature): one program per (chunk, head); ``constexprs`` are a kernel's own
-    extra ones, ``extra_args`` its own runtime arguments after the shared ones. ``w_planes``: W is allocated
-    as planes (``state.split_planes``), which the kernel writes."""
+    extra ones. ``w_planes``: W is allocated as planes (``state.split_planes``), which the kernel writes."""
     B, L, H, K = k.shape
     V = v.shape[-1]
     t_inv = k.new_empty(B, L, H, geo.block_steps)
@@ -111,7 +110,7 @@ def launch_block_transform(
         kernel, (seqs.grid_chunks, H),
         k, v, beta, k if g is None else g, t_inv, w, u,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps, *extra_args,
+        seqs.num_sequences, seqs.search_steps,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
         BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,

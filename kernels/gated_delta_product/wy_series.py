@@ -60,11 +60,10 @@ def _diag_inverses(k, beta, G, rows, m_s, o_k, m_k, K: tl.constexpr, BT: tl.cons
 @triton.jit
 def wy_series_kernel(
     k, v, beta, g, t_inv, w, u,
-    cu_seqlens, chunk_offsets, T, NT, N, search_steps, w_factor,
+    cu_seqlens, chunk_offsets, T, NT, N, search_steps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, W_PLANES: tl.constexpr,
-    W_FACTOR: tl.constexpr,
 ):  # fmt: skip
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
@@ -97,10 +96,7 @@ def wy_series_kernel(
     kd = k.dtype.element_ty
     e = b * tl.exp(G)
     kk = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
-    te = (t * e[None, :]).to(kd)
-    w_rows = tl.dot(te, kk)
-    if W_FACTOR:  # W's left factor T diag(βe^G), rounded as W's product takes it (state.state_fwd)
-        tl.store(w_factor + rows[:, None] * BT + o_s[None, :], te, mask=m_s[:, None])
+    w_rows = tl.dot((t * e[None, :]).to(kd), kk)
     if W_PLANES:  # rows [hi | lo] (state.split_planes)
         w_hi = w_rows.to(w.dtype.element_ty)
         w_lo = (w_rows - w_hi.to(tl.float32)).to(w.dtype.element_ty)
@@ -146,18 +142,12 @@ def wy_fwd_series(
     inter_dtype: torch.dtype = torch.float32,
     num_warps: int | None = None,
     w_planes: bool = False,
-    w_factor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``.
-    ``w_planes``: W as planes (``state.split_planes``), written by the kernel from its fp32 product.
-    ``w_factor``: a tensor like T that receives W's left factor T diag(βe^G) in k's dtype (W = that · K);
-    64-step blocks only."""
+    ``w_planes``: W as planes (``state.split_planes``), written by the kernel from its fp32 product."""
     if geo.block_steps != 64:
-        if w_factor is not None:
-            raise ValueError("w_factor needs 64-step blocks (n_h <= 4)")
         t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
         return t_inv, split_planes(w) if w_planes else w, u
     warps = num_warps or series_warps(k.shape[-1])
     return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps, w_planes,
-                                  (k if w_factor is None else w_factor,), PREC=series_precision(k.dtype),
-                                  W_PLANES=w_planes, W_FACTOR=w_factor is not None)  # fmt: skip
+                                  PREC=series_precision(k.dtype), W_PLANES=w_planes)  # fmt: skip

@@ -65,7 +65,9 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)
     # kslice only: dqkw's K-slice width. Offline (sm_90, Triton 3.6, K = 128, n_h = 2) 32 columns take dqkw
     # from 255 registers + 80 B of spill and 80 KB of shared memory to 186 registers, no spill, 48 KB; with
-    # dqregs=168 3 blocks fit per SM instead of 2. Not yet run on a GPU (eighth session): opt-in.
+    # dqregs=168 3 blocks fit per SM instead of 2. Yet on an H200 `dqbk=32+dqregs=168` was slower everywhere
+    # (fwd+bwd 3.865 -> 4.244 ms at [4,4096,16,128], n_h = 2; docs/benchmarks.md, GDP 04:20 UTC, ninth
+    # session): opt-in.
     "dqbk": ("dqkw_block_k", (16, 32, 64)),
     # output_fwd's K slice (default: all of K in one), its V tile and dv_local's (default 128: output.py)
     "obk": ("output_block_k", (16, 32, 64, 128)),

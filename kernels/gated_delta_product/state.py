@@ -91,8 +91,8 @@ def state_bwd_kernel(
 
     ``WT_MODE`` picks the operands of the product Wᵀ·dδ (see ``WT_MODES``): 0 in W's dtype (tf32 for fp32 W),
     1 both rounded to k's dtype, 3 the fp32 product as three SPLIT_DTYPE (bf16) products hi·hi + hi·lo +
-    lo·hi. With ``W_PLANES`` (W as 16-bit planes, ``split_planes``) mode 3 loads W's halves instead of
-    splitting it: the same products.
+    lo·hi. With ``W_PLANES`` (W as 16-bit planes, ``split_planes``) Wᵀ·dδ is mode 3's three products whatever
+    ``WT_MODE`` says, with W's halves loaded rather than split in registers.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -214,9 +214,9 @@ def plane_dtype() -> torch.dtype:
 
 def split_planes(w: torch.Tensor) -> torch.Tensor:
     """fp32 W [..., K] -> [..., 2K] in ``plane_dtype``: each row is [hi | lo] with hi = W rounded and
-    lo = W − hi rounded (hi + lo carries ~16 bits). The ``wplanes`` variant stores W this way: both state
-    passes then feed 16-bit tensor-core products straight from memory (what bf16x3 builds in registers in
-    state_bwd)."""
+    lo = W − hi rounded (hi + lo carries ~16 bits). The ``wplanes`` variant stores W this way: the reverse
+    pass then feeds bf16x3's 16-bit products straight from memory (instead of splitting fp32 W in registers),
+    and the forward pass adds the halves back to fp32 for its tf32 product."""
     hi = w.to(plane_dtype())
     return torch.cat([hi, (w - hi.float()).to(hi.dtype)], dim=-1)
 

@@ -27,7 +27,8 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
 # in the forward state pass; with lowp_safe the final state is the default's and o stays ~20% inside the
-# tolerance in the 3 tests lowp failed. Not yet run on a GPU: opt-in.
+# tolerance in the 3 tests lowp failed. Its four GPU tests passed on an H200 (docs/benchmarks.md, 2026-11-21
+# 18:24 UTC); opt-in. (∂L/∂δ and ∂L/∂W are now stored in k's dtype by every variant: ninth session.)
 # lowp_state: W and U stay fp32 (stored as by default), only state_bwd's product Wᵀ·dδ takes operands rounded
 # to the input dtype in registers (fp32 accumulation). lowp's 3.4x faster state_bwd (1.226 -> 0.357 ms on an
 # H200 at [4,4096,16,128], n_h = 2) came from this product's operand layout, not from bytes: a tf32 wgmma

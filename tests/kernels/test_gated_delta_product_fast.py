@@ -31,6 +31,25 @@ def variant_kernel(variant: str):
     return run
 
 
+def check_gpu_bf16(variant: str, n_h: int, K: int) -> None:
+    """A variant in bf16 on the GPU against the fp64 oracle at the issue's tolerances ([2, 257, 4, K = V])."""
+    inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
+    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
+    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(variant))
+
+
+def check_gpu_varlen_and_gate_extremes(variant: str) -> None:
+    """A variant in bf16 on the GPU: five documents (one of a single token) at n_h = 3, then log gates near 0
+    and below −30 at n_h = 2, K = V = 128, at the issue's tolerances."""
+    cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
+    inputs = make_inputs(1, 555, 4, 128, 128, 3, num_seqs=5, device="cuda", dtype=torch.bfloat16)
+    check_against_reference(inputs, 3, cu, *ISSUE_TOL, kernel=variant_kernel(variant))
+    for gate_range in [(-1e-6, 0.0), (-60.0, -30.0)]:
+        inputs = make_inputs(2, 250, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16,
+                             gate_range=gate_range)  # fmt: skip
+        check_against_reference(inputs, 2, None, *ISSUE_TOL, dg_floor=1e-3, kernel=variant_kernel(variant))
+
+
 @pytest.mark.parametrize(("n_h", "T", "cu"), [(1, 70, None), (3, 23, [0, 5, 5, 23]), (4, 18, None)])
 def test_fastwy_transform_matches_wy_fwd(n_h, T, cu):
     """T, W, U of the block-wise transform against the 64×64 one (fp32: rounding-level differences)."""

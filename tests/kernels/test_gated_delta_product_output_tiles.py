@@ -12,7 +12,7 @@ import torch
 
 from titan_delta_kernels.gated_delta_product.options import parse_options
 
-from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
+from .test_gated_delta_product_fast import ISSUE_TOL, check_gpu_bf16, variant_kernel
 from .test_gated_delta_product_triton import check_against_reference, make_inputs
 
 
@@ -69,9 +69,7 @@ def test_output_tiles_varlen_fp16():
     ("default+obk=64+obv=128", 2, 128), ("default+obv=128", 1, 128),
 ])  # fmt: skip
 def test_gpu_output_tiles_bf16_match_reference(variant, n_h, K):
-    inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
-    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
-    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(variant))
+    check_gpu_bf16(variant, n_h, K)
 
 
 @pytest.mark.gpu

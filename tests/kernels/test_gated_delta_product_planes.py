@@ -24,7 +24,7 @@ from titan_delta_kernels.gated_delta_product.state import (
 )
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
-from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
+from .test_gated_delta_product_fast import check_gpu_bf16, check_gpu_varlen_and_gate_extremes, variant_kernel
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, run_with_grads
 
 
@@ -117,21 +117,12 @@ def test_wplanes_is_a_no_op_for_fp32():
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n_h", "K"), [(1, 128), (2, 64), (3, 128)])
 def test_gpu_wplanes_bf16_matches_reference(n_h, K):
-    inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
-    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
-    check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel("default+wplanes"))
+    check_gpu_bf16("default+wplanes", n_h, K)
 
 
 @pytest.mark.gpu
 def test_gpu_wplanes_varlen_gate_extremes_and_reverse_pass():
-    cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
-    inputs = make_inputs(1, 555, 4, 128, 128, 3, num_seqs=5, device="cuda", dtype=torch.bfloat16)
-    check_against_reference(inputs, 3, cu, *ISSUE_TOL, kernel=variant_kernel("default+wplanes"))
-    for gate_range in [(-1e-6, 0.0), (-60.0, -30.0)]:
-        inputs = make_inputs(2, 250, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16,
-                             gate_range=gate_range)  # fmt: skip
-        check_against_reference(inputs, 2, None, *ISSUE_TOL, dg_floor=1e-3,
-                                kernel=variant_kernel("default+wplanes"))  # fmt: skip
+    check_gpu_varlen_and_gate_extremes("default+wplanes")
     x, geo, seqs = transform_inputs(torch.bfloat16, 2, T=300, K=128, V=128, device="cuda")
     _, w, _ = wy_fwd_series(x["k"], x["v"], x["beta"], x["g"], geo, seqs)
     from titan_delta_kernels.gated_delta_product.output import dv_local

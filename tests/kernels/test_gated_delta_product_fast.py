@@ -31,6 +31,16 @@ def variant_kernel(variant: str):
     return run
 
 
+def chunked_inputs(B: int, T: int, n_h: int, K: int, V: int, cu: list[int] | None = None, device: str = "cpu",
+                   **make_kw):  # fmt: skip
+    """Fresh inputs (``make_inputs``, 2 heads) with their chunk geometry and sequence layout (``cu``: document
+    boundaries, B = 1), for tests that call the transform or state kernels directly."""
+    inputs = make_inputs(B, T, 2, K, V, n_h, device=device, **make_kw)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
+    geo = chunk_geometry(n_h)
+    return inputs, geo, sequence_layout(B, T, cu_t, geo, torch.device(device))
+
+
 def check_gpu_bf16(variant: str, n_h: int, K: int) -> None:
     """A variant in bf16 on the GPU against the fp64 oracle at the issue's tolerances ([2, 257, 4, K = V])."""
     inputs = make_inputs(2, 257, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
@@ -53,11 +63,8 @@ def check_gpu_varlen_and_gate_extremes(variant: str) -> None:
 @pytest.mark.parametrize(("n_h", "T", "cu"), [(1, 70, None), (3, 23, [0, 5, 5, 23]), (4, 18, None)])
 def test_fastwy_transform_matches_wy_fwd(n_h, T, cu):
     """T, W, U of the block-wise transform against the 64×64 one (fp32: rounding-level differences)."""
-    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    inputs = make_inputs(1 if cu is not None else 2, T, 2, 32, 16, n_h, gate_range=(-2.0, 0.0))
+    inputs, geo, seqs = chunked_inputs(1 if cu else 2, T, n_h, 32, 16, cu, gate_range=(-2.0, 0.0))
     k, v, g, beta = inputs["k"], inputs["v"], inputs["g"], inputs["beta"]
-    geo = chunk_geometry(n_h)
-    seqs = sequence_layout(k.shape[0], T, cu, geo, k.device)
     for name, a, b in zip("TWU", wy_fwd_fast(k, v, beta, g, geo, seqs), wy_fwd(k, v, beta, g, geo, seqs),
                           strict=True):  # fmt: skip
         assert_rel_close(a, b, 1e-6, name)

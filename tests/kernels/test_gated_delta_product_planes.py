@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from titan_delta_kernels.gated_delta_product import state
-from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import parse_options
 from titan_delta_kernels.gated_delta_product.state import (
     is_planes,
@@ -24,7 +23,12 @@ from titan_delta_kernels.gated_delta_product.state import (
 )
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
-from .test_gated_delta_product_fast import check_gpu_bf16, check_gpu_varlen_and_gate_extremes, variant_kernel
+from .test_gated_delta_product_fast import (
+    check_gpu_bf16,
+    check_gpu_varlen_and_gate_extremes,
+    chunked_inputs,
+    variant_kernel,
+)
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, run_with_grads
 
 
@@ -38,10 +42,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def transform_inputs(dtype: torch.dtype, n_h: int, T: int = 40, K: int = 32, V: int = 16,
                      device: str = "cpu"):  # fmt: skip
     torch.manual_seed(5 + n_h)
-    x = make_inputs(1, T, 2, K, V, n_h, dtype=dtype, device=device)
-    geo = chunk_geometry(n_h)
-    seqs = sequence_layout(1, T, None, geo, torch.device(device))
-    return x, geo, seqs
+    return chunked_inputs(1, T, n_h, K, V, device=device, dtype=dtype)
 
 
 def test_wplanes_parse_and_split():

@@ -15,13 +15,17 @@ import torch
 
 from titan_delta.ops.gated_delta_product.reference import gated_delta_product_recurrent
 from titan_delta.testing import assert_rel_close, rel_rms_error
-from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import parse_options
 from titan_delta_kernels.gated_delta_product.wy_fast import wy_fwd_fast
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 from titan_delta_kernels.gated_delta_product.wy_series import series_precision, wy_fwd_series
 
-from .test_gated_delta_product_fast import check_gpu_bf16, check_gpu_varlen_and_gate_extremes, variant_kernel
+from .test_gated_delta_product_fast import (
+    check_gpu_bf16,
+    check_gpu_varlen_and_gate_extremes,
+    chunked_inputs,
+    variant_kernel,
+)
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, run_with_grads
 
 SERIES = "default+wyseries"
@@ -31,11 +35,8 @@ SUBSTITUTION = "save_states+fastwy+bf16x3+kslice"  # the default before wyseries
 @pytest.mark.parametrize(("n_h", "T", "cu"), [(1, 70, None), (2, 37, None), (3, 23, [0, 5, 5, 23]),
                                               (4, 18, None)])  # fmt: skip
 def test_series_transform_matches_fastwy_and_wy_fwd(n_h, T, cu):
-    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    inputs = make_inputs(1 if cu is not None else 2, T, 2, 32, 16, n_h, gate_range=(-2.0, 0.0))
+    inputs, geo, seqs = chunked_inputs(1 if cu else 2, T, n_h, 32, 16, cu, gate_range=(-2.0, 0.0))
     k, v, g, beta = inputs["k"], inputs["v"], inputs["g"], inputs["beta"]
-    geo = chunk_geometry(n_h)
-    seqs = sequence_layout(k.shape[0], T, cu, geo, k.device)
     ours = wy_fwd_series(k, v, beta, g, geo, seqs)
     for other in (wy_fwd_fast(k, v, beta, g, geo, seqs), wy_fwd(k, v, beta, g, geo, seqs)):
         for name, a, b in zip("TWU", ours, other, strict=True):

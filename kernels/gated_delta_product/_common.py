@@ -143,3 +143,31 @@ def chunk_log_gates(
         Gq = tl.zeros([BC], dtype=tl.float32)
         G_last = tl.sum(Gq, 0)
     return G, Gq, G_last
+
+
+# Scaled fp16 operands (the ``ws16`` / ``kd16`` / ``wd16`` variants): fp16 keeps tf32's 11-bit significand
+# at half the bytes and twice the tensor-core rate, but not fp32's range. Scaling each row or column of an
+# operand by a power of two puts its largest entry in [2^14, 2^15) (fp16's top is 65504 < 2^16); a product
+# whose operands are scaled along its free axes (rows of the first, columns of the second) is unscaled
+# exactly afterwards. Entries more than 2^28 below their row's largest go subnormal: their absolute error
+# stays under 2^-25 of that largest entry.
+F16_TOP = tl.constexpr(16384.0)  # 2^14
+F16_FLOOR = tl.constexpr(2.0**-100)  # a row whose largest entry is below this (or zero) keeps this scale
+
+
+@triton.jit
+def pow2_below(x):
+    """2^floor(log2 x) for x > 0, read from x's exponent bits (exact), never below F16_FLOOR."""
+    p = (x.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return tl.maximum(p, F16_FLOOR)
+
+
+@triton.jit
+def scaled_f16(x, AXIS: tl.constexpr):
+    """(x scaled to fp16, the factor that undoes it), one power-of-two scale per slice along AXIS: AXIS=1
+    scales rows (the first operand of a product), AXIS=0 columns (the second). The factor has x's other
+    dim."""
+    p = pow2_below(tl.max(tl.abs(x), axis=AXIS))
+    up = 1.0 / p * F16_TOP  # tensor first: a constexpr on the left would wrap the result
+    x16 = (x * up[None, :]).to(tl.float16) if AXIS == 0 else (x * up[:, None]).to(tl.float16)
+    return x16, p * (1.0 / F16_TOP)

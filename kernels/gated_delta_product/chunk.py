@@ -83,7 +83,7 @@ def gdp_chunk_fwd(
         w = split_planes(w) if planes else w
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        **_state_launch(opts),
+        fwd16=opts.fwd16(), **_state_launch(opts),
     )  # fmt: skip
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
     return o, final_state, t_inv, w, u, chunk_states, v_new
@@ -143,7 +143,8 @@ def gdp_chunk_bwd(
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
-        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, delta_dtype=inter, **launch)
+        chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, delta_dtype=inter,
+                                           fwd16=opts.fwd16(), **launch)
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter, block_v=opts.dv_local_block_v)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes")
+         "wplanes", "ws16", "kd16", "wd16")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -101,6 +101,9 @@ class GdpOptions:
     kslice: bool = False
     wyseries: bool = False
     wplanes: bool = False
+    ws16: bool = False
+    kd16: bool = False
+    wd16: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None
@@ -121,8 +124,12 @@ class GdpOptions:
         return "+".join(parts)
 
     def wt_mode(self) -> int:
-        """state_bwd's Wᵀ·dδ operands (state.WT_MODES) for fp32 W: 1 lowp_state, 3 bf16x3, else 0."""
-        return 1 if self.lowp_state else 3 if self.bf16x3 else 0
+        """state_bwd's Wᵀ·dδ operands (state.WT_MODES) for fp32 W: 4 wd16, 1 lowp_state, 3 bf16x3, else 0."""
+        return 4 if self.wd16 else 1 if self.lowp_state else 3 if self.bf16x3 else 0
+
+    def fwd16(self) -> int:
+        """state_fwd's scaled-fp16 products (its ``FWD16`` bits): 1 W·S (ws16), 2 Kᵀδ (kd16)."""
+        return int(self.ws16) + 2 * int(self.kd16)
 
     def launch_text(self) -> str:
         """The part the custom ops need besides save_states and lowp (their own arguments)."""

@@ -18,6 +18,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
+    scaled_f16,
     sequence_bounds,
 )
 
@@ -29,8 +30,13 @@ def state_fwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
+    FWD16: tl.constexpr,
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
+
+    ``FWD16`` (fp32 W only; bit 1: W·S, bit 2: Kᵀδ): that product takes scaled fp16 operands (``scaled_f16``:
+    one power of two per row of the first and per column of the second), the same 11-bit significands as the
+    default's tf32 at twice the tensor-core rate.
 
     ``W_PLANES``: W comes as 16-bit planes (``split_planes``), each row [hi | lo], added back to fp32 for the
     default's tf32 products. (Three 16-bit products hi·S_hi + hi·S_lo + lo·S_hi instead were slower on an
@@ -67,14 +73,24 @@ def state_fwd_kernel(
             b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
         # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the state
         # is rounded to bf16 for the product (what FLA does).
-        b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
+        if FWD16 % 2 == 1:
+            w16, w_unscale = scaled_f16(b_w, 1)
+            h16, h_unscale = scaled_f16(b_h, 0)
+            b_delta = b_u - tl.dot(w16, h16) * w_unscale[:, None] * h_unscale[None, :]
+        else:
+            b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
         G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
-        b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
+        if FWD16 // 2 == 1:
+            kt16, k_unscale = scaled_f16(b_kt.to(tl.float32), 1)
+            d16, d_unscale = scaled_f16(b_delta, 0)
+            b_h = b_h * tl.exp(G_last) + tl.dot(kt16, d16) * k_unscale[:, None] * d_unscale[None, :]
+        else:
+            b_h = b_h * tl.exp(G_last) + tl.dot(b_kt.to(b_w.dtype), b_delta.to(b_w.dtype))
     tl.store(final_state + state_off, b_h, mask=m_kv)
 
 
@@ -91,8 +107,9 @@ def state_bwd_kernel(
 
     ``WT_MODE`` picks the operands of the product Wᵀ·dδ (see ``WT_MODES``): 0 in W's dtype (tf32 for fp32 W),
     1 both rounded to k's dtype, 3 the fp32 product as three SPLIT_DTYPE (bf16) products hi·hi + hi·lo +
-    lo·hi. With ``W_PLANES`` (W as 16-bit planes, ``split_planes``) Wᵀ·dδ is mode 3's three products whatever
-    ``WT_MODE`` says, with W's halves loaded rather than split in registers.
+    lo·hi, 4 one product of scaled fp16 operands (``scaled_f16``). With ``W_PLANES`` (W as 16-bit planes,
+    ``split_planes``) Wᵀ·dδ is mode 3's three products whatever ``WT_MODE`` says, with W's halves loaded
+    rather than split in registers.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -148,6 +165,11 @@ def state_bwd_kernel(
             d_hi = b_dd.to(SPLIT_DTYPE)
             d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
             b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
+        elif WT_MODE == 4:
+            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
+            wt16, w_unscale = scaled_f16(b_wt.to(tl.float32), 1)
+            dd16, d_unscale = scaled_f16(b_dd, 0)
+            b_wdd = tl.dot(wt16, dd16) * w_unscale[:, None] * d_unscale[None, :]
         else:
             b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
             b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
@@ -165,6 +187,7 @@ WT_MODES = {
     0: "W's dtype (tf32 for fp32 W)",
     1: "Wᵀ and dδ rounded to k's dtype, fp32 accumulation (lowp_state)",
     3: "three bf16 products hi·hi + hi·lo + lo·hi: ~2^-16 relative, tighter than tf32 (bf16x3)",
+    4: "one fp16 product, Wᵀ scaled per row and dδ per column by powers of two: tf32's 11 bits (wd16)",
 }
 
 # The state passes are sequential over chunks, so their speed is set by how many programs share the GPU:
@@ -243,13 +266,21 @@ def state_fwd(
     num_warps: int | None = None,
     num_stages: int | None = None,
     delta_dtype: torch.dtype | None = None,
+    fwd16: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
     ``block_v``, ``num_warps``, ``num_stages`` override the defaults (the benchmark sweeps them). δ is stored
     in ``delta_dtype`` (default: u's dtype; the ``lowp_safe`` variant stores it in k's dtype with fp32 U);
     the products of the pass follow W's dtype either way (fp32 for W as planes, ``split_planes``).
+
+    ``fwd16`` (0-3, the kernel's ``FWD16`` bits: 1 W·S, 2 Kᵀδ) takes scaled fp16 operands for those products;
+    only for fp32 W from 16-bit inputs, as ``state_bwd``'s ``wt_mode``.
     """
+    if fwd16 not in (0, 1, 2, 3):
+        raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
+    if w.dtype != torch.float32 or k.dtype == torch.float32:
+        fwd16 = 0
     _, _, H, K = k.shape
     V = u.shape[-1]
     BK, BV = _blocks(K, V, block_v)
@@ -264,7 +295,7 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k),
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16,
         num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state

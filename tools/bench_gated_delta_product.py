@@ -110,7 +110,7 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
     t.dvl = output.dv_local(t.q, t.k, t.g, t.d_out, t.scale, t.geo, t.seqs, t.small)
     t.dhs, t.dd, _ = state.state_bwd(t.q, t.k, t.w, t.g, t.d_out, None, t.dvl, t.scale, t.geo, t.seqs)
     _, t.dkp, t.dw, t.dgs, t.dgt = grads.dqkw(t.q, t.k, t.g, t.vn, t.hs, t.dhs, t.dd, t.d_out, t.scale,
-                                              t.geo, t.seqs)  # fmt: skip
+                                              t.geo, t.seqs, dk_part_dtype=t.q.dtype if opts.dkp16 else None)
     return t
 
 
@@ -147,7 +147,8 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
                                             opts.dv_local_block_v),
         "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
                                              wt_mode=opts.wt_mode()),
-        "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **dqkw_kw),
+        "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **dqkw_kw,
+                                  dk_part_dtype=t.dkp.dtype),
         "wy_bwd": lambda: gmod.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw,
                                       **gkw),
     }

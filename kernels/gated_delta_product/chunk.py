@@ -152,12 +152,14 @@ def gdp_chunk_bwd(
     )
     grad_args = (q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo,
                  seqs, opts.grad_warps)
+    dk_part_dtype = k.dtype if opts.dkp16 else None
     if opts.kslice:
         dq, dk, dv, dg, dbeta = grads_sliced.chunk_grads(*grad_args, max_registers=opts.grad_max_registers,
                                                          dqkw_max_registers=opts.dqkw_max_registers,
-                                                         dqkw_block_k=opts.dqkw_block_k)
+                                                         dqkw_block_k=opts.dqkw_block_k,
+                                                         dk_part_dtype=dk_part_dtype)
     else:
-        dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args)
+        dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args, dk_part_dtype=dk_part_dtype)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0
 
 

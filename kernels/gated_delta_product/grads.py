@@ -237,15 +237,17 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
 
 def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Tensor, d_chunk_states: Tensor,
          d_delta: Tensor, d_out: Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
-         num_warps: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+         num_warps: int | None = None, dk_part_dtype: torch.dtype | None = None,
+         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Stage (1): (dq, direct dk, ∂L/∂W, step and token log-gate gradients). ∂L/∂W is in k's dtype; the
-    direct dk follows δ's: fp32 by default, k's dtype with the ``lowp`` variants (as FLA stores them)."""
+    direct dk in ``dk_part_dtype``, by default δ's: fp32, or k's dtype with the ``lowp`` variants (as FLA
+    stores them)."""
     B, L, H, K = k.shape
     f32 = dict(dtype=torch.float32, device=k.device)
     dq = torch.empty_like(q)
     # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same values, half the bytes); the direct dk,
     # which wy_bwd adds in fp32, in δ's dtype (fp32 unless lowp or lowp_safe).
-    dk_part = torch.empty(B, L, H, K, dtype=v_new.dtype, device=k.device)
+    dk_part = torch.empty(B, L, H, K, dtype=dk_part_dtype or v_new.dtype, device=k.device)
     dw = torch.empty(B, L, H, K, dtype=k.dtype, device=k.device)
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
@@ -278,10 +280,12 @@ def chunk_grads(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None,
+    dk_part_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """Returns (dq, dk, dv, dg or None, dβ) in the dtypes of q, k, v, g, β: stage (1) then stage (2)."""
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
-        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs, num_warps
+        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs, num_warps,
+        dk_part_dtype,
     )
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, num_warps

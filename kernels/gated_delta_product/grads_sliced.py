@@ -231,14 +231,15 @@ def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: Seq
 def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Tensor, d_chunk_states: Tensor,
          d_delta: Tensor, d_out: Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
          num_warps: int | None = None, block_k: int | None = None, max_registers: int | None = None,
+         dk_part_dtype: torch.dtype | None = None,
          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """``grads.dqkw`` sliced over K: (dq, direct dk, ∂L/∂W, step and token log-gate gradients)."""
     B, L, H, K = k.shape
     f32 = dict(dtype=torch.float32, device=k.device)
     dq = torch.empty_like(q)
     # ∂L/∂W in k's dtype: wy_bwd reads it only rounded to that (same values, half the bytes); the direct dk,
-    # which wy_bwd adds in fp32, in δ's dtype (fp32 unless lowp or lowp_safe).
-    dk_part = torch.empty(B, L, H, K, dtype=v_new.dtype, device=k.device)
+    # which wy_bwd adds in fp32, in ``dk_part_dtype`` (default δ's: fp32 unless lowp or lowp_safe).
+    dk_part = torch.empty(B, L, H, K, dtype=dk_part_dtype or v_new.dtype, device=k.device)
     dw = torch.empty(B, L, H, K, dtype=k.dtype, device=k.device)
     dG_step = torch.empty(B, L, H, **f32)
     dG_tok = torch.empty(*q.shape[:3], **f32)
@@ -279,6 +280,7 @@ def chunk_grads(
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
     max_registers: int | None = None, dqkw_max_registers: int | None = None, dqkw_block_k: int | None = None,
+    dk_part_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
     caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap);
@@ -288,6 +290,7 @@ def chunk_grads(
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
         q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs,
         num_warps=num_warps, block_k=block_k if dqkw_block_k is None else dqkw_block_k, max_registers=dq_cap,
+        dk_part_dtype=dk_part_dtype,
     )
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "ws16", "kd16", "wd16")
+         "wplanes", "ws16", "kd16", "wd16", "dkp16")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the tolerances (K = 64 without gate at n_h = 2
@@ -104,6 +104,7 @@ class GdpOptions:
     ws16: bool = False
     kd16: bool = False
     wd16: bool = False
+    dkp16: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

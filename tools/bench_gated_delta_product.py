@@ -31,7 +31,8 @@ import triton
 from titan_delta_kernels.gated_delta_product import api, cost
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 
-ALL_VARIANTS = "plain,save_states,default (= save_states+fastwy+bf16x3+kslice+wyseries),lowp,default+lowp"
+ALL_VARIANTS = ("plain,save_states,default (= save_states+fastwy+bf16x3+kslice+wyseries+dkp16),lowp,"
+                "default+lowp")
 
 
 def make_inputs(B, T, H, D, n_h, device):

@@ -246,6 +246,12 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
     common, where, grid = _launch_config(
         k, d_delta.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers, dqkw_cap=True
     )
+    if v_new.element_size() < 4 and K > 64:
+        # With a 16-bit δ (lowp, lowp_safe) and K = 128, Triton 3.6 on an H200 miscompiled this kernel's
+        # software pipeline: ∂L/∂W off by 11-18% relative at n_h = 1 (2 stages) and at n_h = 1..3 (3 stages),
+        # while dq and the direct dk were exact; with 1 stage every n_h was bitwise right (GPU probe,
+        # docs/benchmarks.md, GDP, tenth session). Hence 1 stage there.
+        common["num_stages"] = 1
     launch(
         dqkw_sliced_kernel, grid,
         q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,

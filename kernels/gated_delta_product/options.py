@@ -22,7 +22,7 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # Since the fifth session the default adds fastwy (with 2 warps, its own default) and bf16x3: all 15 GPU tests
 # of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
-DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
+DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -55,6 +55,17 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries")
 # 0.466 ms at [4,4096,16,128], n_h = 2. But the forward got slower (the state pass adds the planes back to
 # fp32; as three 16-bit products it was slower still), and fwd+bwd went 3.315 -> 3.383 ms at that shape and
 # 4.975 -> 5.219 ms at n_h = 3 (H200, docs/benchmarks.md, GDP 05:10 UTC, ninth session): opt-in.
+# ws16 / kd16 / wd16 (tenth session, opt-in): the state passes' W·S, Kᵀδ and Wᵀ·dδ with fp16 operands, each
+# row of the first and column of the second scaled by a power of two (_common.scaled_f16): tf32's 11-bit
+# significands at half the bytes. The GPU tests passed, but the scales' reductions sit on each chunk's
+# critical path: on an H200 state_fwd went 0.430 -> 0.623 ms (ws16), 0.648 (kd16), 0.828 (both) at
+# [4,4096,16,128], n_h = 2, and wd16's state_bwd was level there (0.584 -> 0.578) and slower at n_h = 3
+# (0.760 -> 0.852 ms) (docs/benchmarks.md, GDP, tenth session).
+# dkp16 (default since the tenth session): dqkw's direct dk, which wy_bwd adds to its own dk terms in fp32, is
+# stored in k's dtype instead of fp32 (dk moves by ~2.4e-3 relative, a bf16 rounding). On an H200 fwd+bwd went
+# 3.311 -> 3.259 ms at [4,4096,16,128] n_h = 2, 4.982 -> 4.822 ms at n_h = 3, 1.669 -> 1.569 ms at
+# [8,2048,16,64] n_h = 2; the default path's 15 GPU tests and dkp16's own 7 passed (docs/benchmarks.md, GDP,
+# tenth session).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

@@ -113,15 +113,15 @@ def test_variant_strings_parse_round_trip_and_refuse():
                               wy_warps=2, grad_warps=4)  # fmt: skip
     assert parse_options(opts.text()) == opts
     assert parse_options(opts.launch_text()) == GdpOptions(**{**opts.__dict__, "lowp": False})
-    assert parse_options("default").text() == "save_states+fastwy+bf16x3+kslice+wyseries" \
+    assert parse_options("default").text() == "save_states+fastwy+bf16x3+kslice+wyseries+dkp16" \
         == parse_options("").text()
     assert parse_options("plain").text() == "plain"
     assert parse_options("sbv=64") == GdpOptions(save_states=True, fastwy=True, bf16x3=True, kslice=True,
-                                                 wyseries=True, state_block_v=64)
+                                                 wyseries=True, dkp16=True, state_block_v=64)
     assert parse_options("plain+sbv=64").text() == "plain+sbv=64"
     assert parse_options("fastwy") == GdpOptions(fastwy=True)  # named flags replace the default ones
     assert parse_options("default+lowp") == GdpOptions(save_states=True, fastwy=True, bf16x3=True,
-                                                       kslice=True, wyseries=True, lowp=True)
+                                                       kslice=True, wyseries=True, dkp16=True, lowp=True)
     for bad, message in [("fast", "unknown"), ("sbv=48", "bad"), ("sbv=x", "bad"), ("bv=64", "unknown"),
                          ("swarps=8", "illegal memory access"), ("sbv=32+swarps=8", "refused"),
                          ("sstages=1", "BV=32 and 1 stage"), ("sbv=32+sstages=1", "refused"),

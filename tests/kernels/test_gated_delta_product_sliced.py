@@ -106,7 +106,7 @@ def test_kslice_flag_parses_and_switches_the_kernels(monkeypatch):
     assert "kslice" in DEFAULT_FLAGS
     opts = parse_options("default+kslice+gwarps=4")
     assert opts == GdpOptions(save_states=True, fastwy=True, bf16x3=True, kslice=True, wyseries=True,
-                              grad_warps=4)
+                              dkp16=True, grad_warps=4)
     assert parse_options(opts.text()) == opts
     assert parse_options("default").kslice and not parse_options("save_states+fastwy+bf16x3").kslice
     calls = {"grads": 0, "sliced": 0}

@@ -24,6 +24,8 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   from this product's operand layout (``state.WT_MODES``). No effect with ``lowp`` (W already 16-bit).
 * ``kslice`` (an ``options`` flag): the backward's per-chunk gradient kernels from ``grads_sliced.py`` (K
   streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
+* ``dkp16`` (an ``options`` flag, in the default): the direct dk that dqkw hands to wy_bwd is stored in k's
+  dtype rather than δ's.
 """
 
 from __future__ import annotations

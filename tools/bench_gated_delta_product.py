@@ -94,7 +94,11 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
     """Realistic inputs of every stage: the previous stages run once, their outputs feed the next (W, U in
     the input dtype with lowp; δ and the local ∂L/∂δ also with lowp_safe, as chunk.py stores them)."""
     from titan_delta_kernels.gated_delta_product import grads, output, state, wy_fwd
-    from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
+    from titan_delta_kernels.gated_delta_product._common import (
+        chunk_geometry,
+        row_scaled_f16,
+        sequence_layout,
+    )
 
     torch.manual_seed(n_h)
     t = SimpleNamespace()
@@ -107,9 +111,16 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
     t.t_inv, t.w, t.u = wy_fwd.wy_fwd(t.k, t.v, t.beta, t.g, t.geo, t.seqs, t.inter)
     t.planes = opts.wplanes and not opts.lowp  # as chunk._planes for these bf16 inputs
     t.w = state.split_planes(t.w) if t.planes else t.w
-    t.hs, t.vn, _ = state.state_fwd(t.k, t.w, t.u, t.g, None, t.geo, t.seqs, delta_dtype=t.small)
+    t.row_scaled = opts.w16 and not opts.lowp and not t.planes  # as chunk._row_scaled for bf16 inputs
+    t.scales = {}
+    if t.row_scaled:
+        (t.w, w_scale), (t.u, u_scale) = row_scaled_f16(t.w), row_scaled_f16(t.u)
+        t.scales = dict(w_scale=w_scale, u_scale=u_scale)
+    t.bwd_scale = {"w_scale": t.scales["w_scale"]} if t.scales else {}
+    t.hs, t.vn, _ = state.state_fwd(t.k, t.w, t.u, t.g, None, t.geo, t.seqs, delta_dtype=t.small, **t.scales)
     t.dvl = output.dv_local(t.q, t.k, t.g, t.d_out, t.scale, t.geo, t.seqs, t.small)
-    t.dhs, t.dd, _ = state.state_bwd(t.q, t.k, t.w, t.g, t.d_out, None, t.dvl, t.scale, t.geo, t.seqs)
+    t.dhs, t.dd, _ = state.state_bwd(t.q, t.k, t.w, t.g, t.d_out, None, t.dvl, t.scale, t.geo, t.seqs,
+                                     **t.bwd_scale)  # fmt: skip
     _, t.dkp, t.dw, t.dgs, t.dgt = grads.dqkw(t.q, t.k, t.g, t.vn, t.hs, t.dhs, t.dd, t.d_out, t.scale,
                                               t.geo, t.seqs, dk_part_dtype=t.q.dtype if opts.dkp16 else None)
     return t
@@ -137,17 +148,19 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
+    wy_kw: dict[str, bool] = {}
+    if opts.wyseries:
+        wy_kw = dict(w_planes=t.planes, row_scaled=t.row_scaled)
     return {
-        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps,
-                                    **({"w_planes": True} if t.planes and opts.wyseries else {})),
+        "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps, **wy_kw),
         "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small,
-                                             fwd16=opts.fwd16()),
+                                             fwd16=opts.fwd16(), **t.scales),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs, opts.output_block_k,
                                                 opts.output_block_v),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small,
                                             opts.dv_local_block_v),
         "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
-                                             wt_mode=opts.wt_mode()),
+                                             wt_mode=opts.wt_mode(), **t.bwd_scale),
         "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **dqkw_kw,
                                   dk_part_dtype=t.dkp.dtype),
         "wy_bwd": lambda: gmod.wy_bwd(k, v, g, b, t.t_inv, t.dd, t.dkp, t.dw, t.dgs, t.dgt, geo, seqs, nw,
@@ -169,7 +182,8 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
     for opts in stage_variants(variants):
         t = stage_inputs(B, T, H, D, n_h, opts)
         costs = cost.stage_costs(B, T, H, D, D, n_h, lowp=opts.lowp, state_block_v=opts.state_block_v,
-                                 w_planes=opts.wplanes and not opts.lowp)  # fmt: skip
+                                 w_planes=t.planes, w16=t.row_scaled, lowp_safe=opts.lowp_safe,
+                                 dkp16=opts.dkp16)  # fmt: skip
         print(f"\n# stage breakdown [{B}, {T}, {H}, {D}] n_h={n_h} {opts.text()} "
               "(GB, GFLOP: cost-model estimates)", flush=True)  # fmt: skip
         times = {}

@@ -171,3 +171,14 @@ def scaled_f16(x, AXIS: tl.constexpr):
     up = 1.0 / p * F16_TOP  # tensor first: a constexpr on the left would wrap the result
     x16 = (x * up[None, :]).to(tl.float16) if AXIS == 0 else (x * up[:, None]).to(tl.float16)
     return x16, p * (1.0 / F16_TOP)
+
+
+def row_scaled_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch twin of ``scaled_f16(x, 1)`` over the last dim: (x·2^s in fp16, 2^-s in fp32), one power of two
+    per row, bitwise what the kernels compute. For the ``w16`` variant's W and U where a transform kernel does
+    not write them scaled itself."""
+    x = x.float()
+    amax = x.abs().amax(-1)
+    p = (amax.view(torch.int32) & 0x7F800000).view(torch.float32).clamp_min(2.0**-100)
+    up = 1.0 / p * 16384.0
+    return (x * up[..., None]).to(torch.float16), p * (1.0 / 16384.0)

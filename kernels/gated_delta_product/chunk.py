@@ -26,6 +26,9 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
 * ``dkp16`` (an ``options`` flag, in the default): the direct dk that dqkw hands to wy_bwd is stored in k's
   dtype rather than δ's.
+* ``w16`` (an ``options`` flag, for 16-bit inputs without ``lowp`` or ``wplanes``): W and U in fp16 with one
+  power-of-two scale per row; the forward returns the scales as two more outputs (empty otherwise) and the
+  backward takes W's (and U's, when it recomputes the states).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from titan_delta_kernels.gated_delta_product import grads, grads_sliced
-from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
+from titan_delta_kernels.gated_delta_product._common import chunk_geometry, row_scaled_f16, sequence_layout
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import (
@@ -68,8 +71,9 @@ def gdp_chunk_fwd(
     save_states: bool = False,
     lowp: bool = False,
     options: str = "plain",
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (o, final_state fp32, T, W, U, chunk states, δ); all but the first two serve the backward.
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (o, final_state fp32, T, W, U, chunk states, δ, W's row scales, U's row scales); all but the
+    first two serve the backward. The scales are empty unless W and U are row-scaled fp16 (``w16``).
 
     ``save_states`` only changes what the autograd context keeps (the outputs are the same).
     """
@@ -77,18 +81,27 @@ def gdp_chunk_fwd(
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     planes = _planes(k, lowp, opts)
+    row_scaled = _row_scaled(k, lowp, opts)
+    w_scale = u_scale = None
     if opts.wyseries:
-        t_inv, w, u = wy_fwd_series(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps, planes)
+        t_inv, w, u, *scales = wy_fwd_series(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps,
+                                             planes, row_scaled)  # fmt: skip
+        if row_scaled:
+            w_scale, u_scale = scales
     else:
         transform = wy_fwd_fast if opts.fastwy else wy_fwd
         t_inv, w, u = transform(k, v, beta, g, geo, seqs, _inter_dtype(k, lowp), opts.wy_warps)
         w = split_planes(w) if planes else w
+        if row_scaled:
+            (w, w_scale), (u, u_scale) = row_scaled_f16(w), row_scaled_f16(u)
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        fwd16=opts.fwd16(), **_state_launch(opts),
+        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **_state_launch(opts),
     )  # fmt: skip
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
-    return o, final_state, t_inv, w, u, chunk_states, v_new
+    if w_scale is None or u_scale is None:  # two distinct empties: custom-op outputs must not alias
+        w_scale, u_scale = k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.float32)
+    return o, final_state, t_inv, w, u, chunk_states, v_new, w_scale, u_scale
 
 
 @gdp_chunk_fwd.register_fake
@@ -101,13 +114,19 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_
     o = q.new_empty(B, T, H, V)
     final_state = q.new_empty(_num_sequences(q, cu_seqlens), H, K, V, dtype=torch.float32)
     t_inv = k.new_empty(*k.shape[:3], geo.block_steps)
-    if _planes(k, lowp, parse_options(options)):
+    opts = parse_options(options)
+    row_scaled = _row_scaled(k, lowp, opts)
+    store_dtype = torch.float16 if row_scaled else _inter_dtype(k, lowp)
+    if _planes(k, lowp, opts):
         w = k.new_empty(*k.shape[:3], 2 * K, dtype=plane_dtype())
     else:
-        w = torch.empty_like(k, dtype=_inter_dtype(k, lowp))
-    u = torch.empty_like(v, dtype=_inter_dtype(k, lowp))
-    v_new = torch.empty_like(v, dtype=_inter_dtype(k, lowp or parse_options(options).lowp_safe))
-    return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), v_new
+        w = torch.empty_like(k, dtype=store_dtype)
+    u = torch.empty_like(v, dtype=store_dtype)
+    v_new = torch.empty_like(v, dtype=_inter_dtype(k, lowp or opts.lowp_safe))
+    scale_shape = k.shape[:3] if row_scaled else (0,)
+    w_scale = k.new_empty(scale_shape, dtype=torch.float32)
+    u_scale = k.new_empty(scale_shape, dtype=torch.float32)
+    return o, final_state, t_inv, w, u, k.new_empty(chunks, H, K, V), v_new, w_scale, u_scale
 
 
 @torch.library.custom_op("titan_delta::gdp_chunk_bwd", mutates_args=())
@@ -126,6 +145,8 @@ def gdp_chunk_bwd(
     u: Tensor | None,
     chunk_states: Tensor | None,
     v_new: Tensor | None,
+    w_scale: Tensor | None,
+    u_scale: Tensor | None,
     num_householder: int,
     scale: float,
     options: str = "plain",
@@ -134,23 +155,24 @@ def gdp_chunk_bwd(
 
     Given the forward's chunk states and δ (``save_states``) it uses them; otherwise it recomputes both
     from U. Intermediates follow W's dtype (fp32, or the input dtype with ``lowp``), or are in the input
-    dtype with ``lowp_safe``.
+    dtype with ``lowp_safe``; row-scaled fp16 W (``w_scale`` given, ``w16``) counts as fp32.
     """
     opts = parse_options(options)
     launch = _state_launch(opts)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
-    inter = k.dtype if opts.lowp_safe else torch.float32 if is_planes(w, k) else w.dtype
+    widened = is_planes(w, k) or w_scale is not None
+    inter = k.dtype if opts.lowp_safe else torch.float32 if widened else w.dtype
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
         chunk_states, v_new, _ = state_fwd(k, w, u, g, initial_state, geo, seqs, delta_dtype=inter,
-                                           fwd16=opts.fwd16(), **launch)
+                                           fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **launch)
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter, block_v=opts.dv_local_block_v)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
-        **launch, wt_mode=opts.wt_mode(),
+        **launch, wt_mode=opts.wt_mode(), w_scale=w_scale,
     )
     grad_args = (q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo,
                  seqs, opts.grad_warps)
@@ -167,7 +189,7 @@ def gdp_chunk_bwd(
 
 @gdp_chunk_bwd.register_fake
 def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
-      num_householder, scale, options="default"):  # fmt: skip
+      w_scale, u_scale, num_householder, scale, options="default"):  # fmt: skip
     N, H, K, V = _num_sequences(q, cu_seqlens), q.shape[2], k.shape[-1], v.shape[-1]
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     d_h0 = q.new_empty(N, H, K, V, dtype=torch.float32)
@@ -175,11 +197,13 @@ def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, 
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, _lowp, options = inputs
-    _, _, t_inv, w, u, chunk_states, v_new = output
+    q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states, lowp, options = inputs
+    _, _, t_inv, w, u, chunk_states, v_new, w_scale, u_scale = output
+    if not _row_scaled(k, lowp, parse_options(options)):
+        w_scale = u_scale = None
     # Either U (states recomputed in the backward) or the states and δ themselves, never both.
-    kept = (None, chunk_states, v_new) if save_states else (u, None, None)
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, *kept)
+    kept = (None, chunk_states, v_new, None) if save_states else (u, None, None, u_scale)
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, w_scale, *kept)
     # T, W, U, ... are internal outputs: never materialise zero gradients for them (nor for an unused state).
     ctx.set_materialize_grads(False)
     ctx.num_householder = num_householder
@@ -189,12 +213,14 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, d_out, d_final, *_internal_grads):
-    q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new = ctx.saved_tensors
+    q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, w_scale, u, chunk_states, v_new, u_scale = (
+        ctx.saved_tensors
+    )
     if d_out is None:
         d_out = torch.zeros_like(q[..., :1]).expand(*q.shape[:3], v.shape[-1])
     dq, dk, dv, dg, dbeta, d_h0 = gdp_chunk_bwd(
         d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
-        ctx.num_householder, ctx.scale, ctx.options,
+        w_scale, u_scale, ctx.num_householder, ctx.scale, ctx.options,
     )  # fmt: skip
     d_init = None if initial_state is None else d_h0.to(ctx.state_dtype)
     return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None, None, None, None
@@ -208,6 +234,12 @@ def _state_launch(opts: GdpOptions) -> dict:
 def _planes(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:
     """Whether W is stored as planes (``wplanes``): for 16-bit inputs whose W would be fp32."""
     return opts.wplanes and not lowp and k.dtype != torch.float32
+
+
+def _row_scaled(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:
+    """Whether W and U are stored as row-scaled fp16 (``w16``): for 16-bit inputs whose W would be fp32 and
+    not planes."""
+    return opts.w16 and not lowp and k.dtype != torch.float32 and not _planes(k, lowp, opts)
 
 
 def _inter_dtype(k: Tensor, lowp: bool) -> torch.dtype:

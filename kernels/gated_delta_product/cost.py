@@ -41,18 +41,24 @@ class StageCost:
 
 
 def tensor_bytes(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool = False,
-                 in_bytes: int = 2) -> dict[str, int]:  # fmt: skip
-    """Size of every tensor the chunked kernels touch (β in the input dtype, g and its gradient fp32)."""
+                 in_bytes: int = 2, w16: bool = False, lowp_safe: bool = False,
+                 dkp16: bool = True) -> dict[str, int]:  # fmt: skip
+    """Size of every tensor the chunked kernels touch (β in the input dtype, g and its gradient fp32).
+    ``w16``: W and U in fp16 plus one fp32 scale per row; ``lowp_safe``: δ and the local ∂L/∂δ in the input
+    dtype; ``dkp16`` (in the default): the direct dk in the input dtype."""
     geo = chunk_geometry(n_h)
     tok, step = B * T * H, B * T * n_h * H
     chunk_heads = B * triton.cdiv(T, geo.tokens_per_chunk) * H
     inter = in_bytes if lowp else 4
+    wu, wu_scale = (2, 4) if w16 and not lowp else (inter, 0)
+    small = in_bytes if lowp_safe else inter
     sizes = dict(
         q=tok * K * in_bytes, k=step * K * in_bytes, v=step * V * in_bytes, beta=step * in_bytes, g=tok * 4,
-        t_inv=step * geo.block_steps * in_bytes, w=step * K * inter, u=step * V * inter,
-        delta=step * V * inter, states=chunk_heads * K * V * in_bytes, o=tok * V * in_bytes,
-        d_out=tok * V * in_bytes, d_vlocal=step * V * inter, d_delta=step * V * in_bytes,
-        d_states=chunk_heads * K * V * in_bytes, dq=tok * K * in_bytes, dk_part=step * K * inter,
+        t_inv=step * geo.block_steps * in_bytes, w=step * (K * wu + wu_scale), u=step * (V * wu + wu_scale),
+        delta=step * V * small, states=chunk_heads * K * V * in_bytes, o=tok * V * in_bytes,
+        d_out=tok * V * in_bytes, d_vlocal=step * V * small, d_delta=step * V * in_bytes,
+        d_states=chunk_heads * K * V * in_bytes, dq=tok * K * in_bytes,
+        dk_part=step * K * (in_bytes if dkp16 else inter),
         dw=step * K * in_bytes, dG_step=step * 4, dG_tok=tok * 4, dk=step * K * in_bytes,
         dv=step * V * in_bytes, dbeta=step * in_bytes, dg=tok * 4,
     )  # fmt: skip
@@ -61,12 +67,12 @@ def tensor_bytes(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool
 
 def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool = False,
                 in_bytes: int = 2, state_block_v: int | None = None,
-                w_planes: bool = False) -> dict[str, StageCost]:  # fmt: skip
+                w_planes: bool = False, **storage: bool) -> dict[str, StageCost]:  # fmt: skip
     """Cost of each stage for a [B, T, H, K/V] problem (no varlen), keyed by kernel name. ``state_block_v``:
     the V tile of both state passes (None: their defaults); ``w_planes``: W as planes (same bytes as fp32 W,
-    a 64-column V tile in the reverse pass by default)."""
+    a 64-column V tile in the reverse pass by default); ``storage``: ``tensor_bytes``' dtype switches."""
     geo = chunk_geometry(n_h)
-    s = tensor_bytes(B, T, H, K, V, n_h, lowp=lowp, in_bytes=in_bytes)
+    s = tensor_bytes(B, T, H, K, V, n_h, lowp=lowp, in_bytes=in_bytes, **storage)
     BT, BC, BK = geo.block_steps, geo.block_tokens, max(16, triton.next_power_of_2(K))
     bv_chunk = min(OUTPUT_BLOCK_V, max(16, triton.next_power_of_2(V)))
     n_v = triton.cdiv(V, bv_chunk)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "ws16", "kd16", "wd16", "dkp16")
+         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -66,6 +66,13 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # 3.311 -> 3.259 ms at [4,4096,16,128] n_h = 2, 4.982 -> 4.822 ms at n_h = 3, 1.669 -> 1.569 ms at
 # [8,2048,16,64] n_h = 2; the default path's 15 GPU tests and dkp16's own 7 passed (docs/benchmarks.md, GDP,
 # tenth session).
+# w16 (eleventh session): W and U stored in fp16 with one power-of-two scale per row (_common.row_scaled_f16),
+# for 16-bit inputs: half the bytes of fp32 W and U through the transform, both state passes and the saved
+# activations. W meets S in a tf32 product, whose operand keeps 11 significant bits, fp16's own: the product
+# is the default's (up to ties and rows' entries 2^28 below their largest). U enters δ = U − W S, which every
+# reader rounds to 11 bits (tf32) or less; fp16 adds 2^-12 of U, an eighth of the bf16 rounding of T diag(β)
+# before it meets V. No reduction joins a chunk's critical path (unlike ws16): the scales come from the
+# transform, which runs in parallel over chunks.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -116,6 +123,7 @@ class GdpOptions:
     kd16: bool = False
     wd16: bool = False
     dkp16: bool = False
+    w16: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

@@ -25,14 +25,18 @@ from titan_delta_kernels.gated_delta_product._common import (
 
 @triton.jit
 def state_fwd_kernel(
-    k, w, u, g, h0, chunk_states, v_new, final_state,
+    k, w, u, w_scale, u_scale, g, h0, chunk_states, v_new, final_state,
     cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
-    FWD16: tl.constexpr,
+    FWD16: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
+
+    ``ROW_SCALED`` (``w16``): W and U come in fp16 with one power-of-two scale per row (``w_scale``,
+    ``u_scale``). W is widened to fp32 for the default's tf32 product (exact: fp16 carries tf32's 11 bits)
+    and the product's rows are unscaled, folded into δ's subtraction.
 
     ``FWD16`` (fp32 W only; bit 1: W·S, bit 2: Kᵀδ): that product takes scaled fp16 operands (``scaled_f16``:
     one power of two per row of the first and per column of the second), the same 11-bit significands as the
@@ -65,6 +69,9 @@ def state_fwd_kernel(
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0).to(tl.float32)
+        if ROW_SCALED:
+            b_u = b_u * tl.load(u_scale + rows, mask=m_s, other=0.0)[:, None]
+            w_unscale = tl.load(w_scale + rows, mask=m_s, other=0.0)
         if W_PLANES:  # W = hi + lo back in fp32 (exact to ~2^-16), then the default's tf32 product
             w_row = w + rows[:, None] * (2 * K) + o_k[None, :]
             b_w = tl.load(w_row, mask=m_sk, other=0.0).to(tl.float32)
@@ -73,7 +80,10 @@ def state_fwd_kernel(
             b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
         # Products in W's dtype: fp32 by default (tf32 on tensor cores); with ``lowp`` W is bf16 and the state
         # is rounded to bf16 for the product (what FLA does).
-        if FWD16 % 2 == 1:
+        if ROW_SCALED:  # tf32 (not FWD16: the operand rows are scaled already)
+            b_w = b_w.to(tl.float32)
+            b_delta = b_u - tl.dot(b_w, b_h) * w_unscale[:, None]
+        elif FWD16 % 2 == 1:
             w16, w_unscale = scaled_f16(b_w, 1)
             h16, h_unscale = scaled_f16(b_h, 0)
             b_delta = b_u - tl.dot(w16, h16) * w_unscale[:, None] * h_unscale[None, :]
@@ -96,12 +106,12 @@ def state_fwd_kernel(
 
 @triton.jit
 def state_bwd_kernel(
-    q, k, w, g, d_out, d_final, d_vlocal, d_chunk_states, d_delta, d_h0,
+    q, k, w, w_scale, g, d_out, d_final, d_vlocal, d_chunk_states, d_delta, d_h0,
     cu_seqlens, chunk_offsets, T, NT, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, WT_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr, W_PLANES: tl.constexpr,
+    SPLIT_DTYPE: tl.constexpr, W_PLANES: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state.
 
@@ -109,7 +119,8 @@ def state_bwd_kernel(
     1 both rounded to k's dtype, 3 the fp32 product as three SPLIT_DTYPE (bf16) products hi·hi + hi·lo +
     lo·hi, 4 one product of scaled fp16 operands (``scaled_f16``). With ``W_PLANES`` (W as 16-bit planes,
     ``split_planes``) Wᵀ·dδ is mode 3's three products whatever ``WT_MODE`` says, with W's halves loaded
-    rather than split in registers.
+    rather than split in registers. ``ROW_SCALED`` (``w16``): W comes in fp16 with a power-of-two scale per
+    row (``w_scale``), rebuilt in fp32 (exactly) before the mode's product.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -155,24 +166,24 @@ def state_bwd_kernel(
             d_hi = b_dd.to(w_hi.dtype)
             d_lo = (b_dd - d_hi.to(tl.float32)).to(w_hi.dtype)
             b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
-        elif WT_MODE == 1:
-            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-            b_wdd = tl.dot(b_wt.to(b_k.dtype), b_dd.to(b_k.dtype))
-        elif WT_MODE == 3:
-            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-            w_hi = b_wt.to(SPLIT_DTYPE)
-            w_lo = (b_wt.to(tl.float32) - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
-            d_hi = b_dd.to(SPLIT_DTYPE)
-            d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
-            b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
-        elif WT_MODE == 4:
-            b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-            wt16, w_unscale = scaled_f16(b_wt.to(tl.float32), 1)
-            dd16, d_unscale = scaled_f16(b_dd, 0)
-            b_wdd = tl.dot(wt16, dd16) * w_unscale[:, None] * d_unscale[None, :]
         else:
             b_wt = tl.load(w + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-            b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
+            if ROW_SCALED:
+                b_wt = b_wt.to(tl.float32) * tl.load(w_scale + rows, mask=m_s, other=0.0)[None, :]
+            if WT_MODE == 1:
+                b_wdd = tl.dot(b_wt.to(b_k.dtype), b_dd.to(b_k.dtype))
+            elif WT_MODE == 3:
+                w_hi = b_wt.to(SPLIT_DTYPE)
+                w_lo = (b_wt.to(tl.float32) - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
+                d_hi = b_dd.to(SPLIT_DTYPE)
+                d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
+                b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
+            elif WT_MODE == 4:
+                wt16, w_unscale = scaled_f16(b_wt.to(tl.float32), 1)
+                dd16, d_unscale = scaled_f16(b_dd, 0)
+                b_wdd = tl.dot(wt16, dd16) * w_unscale[:, None] * d_unscale[None, :]
+            else:
+                b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
         b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - b_wdd
     tl.store(d_h0 + state_off, b_dh, mask=m_kv)
 
@@ -249,6 +260,18 @@ def is_planes(w: torch.Tensor, k: torch.Tensor) -> bool:
     return w.shape[-1] == 2 * k.shape[-1]
 
 
+def _check_row_scaled(x: torch.Tensor, x_scale: torch.Tensor | None, name: str) -> bool:
+    """Whether ``x`` comes row-scaled (``w16``): fp16 with [B, L, H] fp32 factors; raises on a mismatch."""
+    if x_scale is None:
+        return False
+    if x.dtype != torch.float16 or x_scale.dtype != torch.float32 or x_scale.shape != x.shape[:-1]:
+        raise ValueError(
+            f"row-scaled {name} must be fp16 with fp32 scales of shape {tuple(x.shape[:-1])}, "
+            f"got {name} {x.dtype} and scales {x_scale.dtype} {tuple(x_scale.shape)}"
+        )
+    return True
+
+
 def _blocks(K: int, V: int, block_v: int | None) -> tuple[int, int]:
     BV = block_v or STATE_BLOCK_V
     return max(16, next_power_of_2(K)), min(BV, max(16, next_power_of_2(V)))
@@ -267,6 +290,8 @@ def state_fwd(
     num_stages: int | None = None,
     delta_dtype: torch.dtype | None = None,
     fwd16: int = 0,
+    w_scale: torch.Tensor | None = None,
+    u_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
@@ -276,27 +301,34 @@ def state_fwd(
 
     ``fwd16`` (0-3, the kernel's ``FWD16`` bits: 1 W·S, 2 Kᵀδ) takes scaled fp16 operands for those products;
     only for fp32 W from 16-bit inputs, as ``state_bwd``'s ``wt_mode``.
+
+    ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
+    power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
-    if w.dtype != torch.float32 or k.dtype == torch.float32:
+    row_scaled = _check_row_scaled(w, w_scale, "W") | _check_row_scaled(u, u_scale, "U")
+    if row_scaled and (w_scale is None or u_scale is None):
+        raise ValueError("state_fwd: w_scale and u_scale go together (W and U are both row-scaled fp16)")
+    if (w.dtype != torch.float32 or k.dtype == torch.float32) and not row_scaled:
         fwd16 = 0
     _, _, H, K = k.shape
     V = u.shape[-1]
     BK, BV = _blocks(K, V, block_v)
     chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
-    v_new = torch.empty_like(u, dtype=delta_dtype or u.dtype)
+    v_new = torch.empty_like(u, dtype=delta_dtype or (torch.float32 if row_scaled else u.dtype))
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
     launch(
         state_fwd_kernel, grid,
-        k, w, u, k if g is None else g, k if initial_state is None else initial_state,
+        k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
+        k if g is None else g, k if initial_state is None else initial_state,
         chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16,
-        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=0 if row_scaled else fwd16,
+        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
 
@@ -316,6 +348,7 @@ def state_bwd(
     num_warps: int | None = None,
     num_stages: int | None = None,
     wt_mode: int = 0,
+    w_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
     [N,H,K,V] fp32).
@@ -330,10 +363,14 @@ def state_bwd(
 
     ``wt_mode`` (``WT_MODES``) picks the operands of Wᵀ·dδ; it only matters for fp32 W from 16-bit inputs
     (1 and 3 give 0's kernel for 16-bit W and for fp32 inputs).
+
+    ``w_scale`` (the ``w16`` variant): W is fp16 with one power-of-two scale per row, these [B, L, H] fp32
+    factors; the modes then act on W rebuilt in fp32.
     """
     if wt_mode not in WT_MODES:
         raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
-    if w.dtype != torch.float32 or k.dtype == torch.float32:
+    row_scaled = _check_row_scaled(w, w_scale, "W")
+    if (w.dtype != torch.float32 or k.dtype == torch.float32) and not row_scaled:
         # 16-bit W is a 16-bit operand already; fp32 inputs keep fp32 operands: bf16x3 (now in the default)
         # is measured and GPU-tested for 16-bit inputs, and its 16-bit halves lack fp32's exponent range
         # under the CPU interpreter (fp16 there), where the fp32 tests check the default path at 1e-5
@@ -347,12 +384,13 @@ def state_bwd(
     grid = (seqs.num_sequences, H, cdiv(V, BV))
     launch(
         state_bwd_kernel, grid,
-        q, k, w, k if g is None else g, d_out, k if d_final is None else d_final, d_vlocal,
+        q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
+        k if d_final is None else d_final, d_vlocal,
         d_chunk_states, d_delta, d_h0,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
         IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(), W_PLANES=is_planes(w, k),
-        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
+        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

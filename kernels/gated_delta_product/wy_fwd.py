@@ -93,30 +93,43 @@ def wy_fwd_kernel(
 def launch_block_transform(
     kernel: triton.JITFunction, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     geo: ChunkGeometry, seqs: SequenceLayout, inter_dtype: torch.dtype, num_warps: int,
-    w_planes: bool = False, **constexprs: object,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w_planes: bool = False, row_scaled: bool | None = None, **constexprs: object,
+) -> tuple[torch.Tensor, ...]:
     """Outputs and launch shared by the UT transforms (``wy_fwd_kernel``, ``wy_fast_kernel``,
     ``wy_series_kernel``: one signature): one program per (chunk, head); ``constexprs`` are a kernel's own
-    extra ones. ``w_planes``: W is allocated as planes (``state.split_planes``), which the kernel writes."""
+    extra ones. ``w_planes``: W is allocated as planes (``state.split_planes``), which the kernel writes.
+
+    ``row_scaled`` (False or True: only ``wy_series_kernel``, which takes the two scale pointers after u):
+    with True W and U are fp16 with one power-of-two scale per row (``w16``), and the result is
+    (T, W, U, W's scales, U's scales)."""
     B, L, H, K = k.shape
     V = v.shape[-1]
     t_inv = k.new_empty(B, L, H, geo.block_steps)
+    store_dtype = torch.float16 if row_scaled else inter_dtype
     if w_planes:
         w = torch.empty(B, L, H, 2 * K, dtype=plane_dtype(), device=k.device)
     else:
-        w = torch.empty(B, L, H, K, dtype=inter_dtype, device=k.device)
-    u = torch.empty(B, L, H, V, dtype=inter_dtype, device=k.device)
+        w = torch.empty(B, L, H, K, dtype=store_dtype, device=k.device)
+    u = torch.empty(B, L, H, V, dtype=store_dtype, device=k.device)
+    scales: tuple[torch.Tensor, ...] = ()
+    if row_scaled:
+        scales = (k.new_empty(B, L, H, dtype=torch.float32), k.new_empty(B, L, H, dtype=torch.float32))
+    elif row_scaled is not None:
+        scales = (beta, beta)  # unused pointers
+    if row_scaled is not None:
+        constexprs["ROW_SCALED"] = row_scaled
     launch(
         kernel, (seqs.grid_chunks, H),
-        k, v, beta, k if g is None else g, t_inv, w, u,
+        k, v, beta, k if g is None else g, t_inv, w, u, *scales,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         seqs.num_sequences, seqs.search_steps,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=max(16, next_power_of_2(K)),
-        BV=min(64, max(16, next_power_of_2(V))), USE_G=g is not None, IS_VARLEN=seqs.is_varlen,
+        BV=min(128 if row_scaled else 64, max(16, next_power_of_2(V))), USE_G=g is not None,
+        IS_VARLEN=seqs.is_varlen,
         **constexprs, num_warps=num_warps,
     )  # fmt: skip
-    return t_inv, w, u
+    return (t_inv, w, u, *scales) if row_scaled else (t_inv, w, u)
 
 
 def wy_fwd(

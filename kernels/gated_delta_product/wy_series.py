@@ -29,6 +29,8 @@ from titan_delta_kernels.gated_delta_product._common import (
     SequenceLayout,
     chunk_log_gates,
     locate_chunk,
+    row_scaled_f16,
+    scaled_f16,
 )
 from titan_delta_kernels.gated_delta_product.state import split_planes
 from titan_delta_kernels.gated_delta_product.wy_fwd import launch_block_transform, wy_fwd
@@ -59,12 +61,15 @@ def _diag_inverses(k, beta, G, rows, m_s, o_k, m_k, K: tl.constexpr, BT: tl.cons
 
 @triton.jit
 def wy_series_kernel(
-    k, v, beta, g, t_inv, w, u,
+    k, v, beta, g, t_inv, w, u, w_scale, u_scale,
     cu_seqlens, chunk_offsets, T, NT, N, search_steps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, W_PLANES: tl.constexpr,
+    ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
+    """``ROW_SCALED`` (``w16``): W and U stored in fp16, each row scaled by a power of two (``scaled_f16``),
+    whose inverse goes to ``w_scale`` / ``u_scale``; U is then one [BT, BV] product (BV covers all of V)."""
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
     tok0 = bos + i_c * C
@@ -97,7 +102,11 @@ def wy_series_kernel(
     e = b * tl.exp(G)
     kk = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
     w_rows = tl.dot((t * e[None, :]).to(kd), kk)
-    if W_PLANES:  # rows [hi | lo] (state.split_planes)
+    if ROW_SCALED:
+        w16, w_unscale = scaled_f16(w_rows, 1)
+        tl.store(w + rows[:, None] * K + o_k[None, :], w16, mask=m_s[:, None] & m_k[None, :])
+        tl.store(w_scale + rows, w_unscale, mask=m_s)
+    elif W_PLANES:  # rows [hi | lo] (state.split_planes)
         w_hi = w_rows.to(w.dtype.element_ty)
         w_lo = (w_rows - w_hi.to(tl.float32)).to(w.dtype.element_ty)
         tl.store(w + rows[:, None] * (2 * K) + o_k[None, :], w_hi, mask=m_s[:, None] & m_k[None, :])
@@ -106,6 +115,14 @@ def wy_series_kernel(
         tl.store(w + rows[:, None] * K + o_k[None, :], w_rows.to(w.dtype.element_ty),
                  mask=m_s[:, None] & m_k[None, :])  # fmt: skip
     tb = (t * b[None, :]).to(kd)
+    if ROW_SCALED:
+        o_v = tl.arange(0, BV)
+        m_sv = m_s[:, None] & (o_v < V)[None, :]
+        vv = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
+        u16, u_unscale = scaled_f16(tl.dot(tb, vv), 1)
+        tl.store(u + rows[:, None] * V + o_v[None, :], u16, mask=m_sv)
+        tl.store(u_scale + rows, u_unscale, mask=m_s)
+        return
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -142,12 +159,19 @@ def wy_fwd_series(
     inter_dtype: torch.dtype = torch.float32,
     num_warps: int | None = None,
     w_planes: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    row_scaled: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Drop-in for ``wy_fwd.wy_fwd`` (same results up to rounding); 128-step blocks go to ``wy_fwd``.
-    ``w_planes``: W as planes (``state.split_planes``), written by the kernel from its fp32 product."""
+    ``w_planes``: W as planes (``state.split_planes``), written by the kernel from its fp32 product.
+    ``row_scaled`` (``w16``, not with planes): W and U in fp16 with a power-of-two scale per row; returns
+    (T, W, U, W's scales, U's scales)."""
+    row_scaled = row_scaled and not w_planes
     if geo.block_steps != 64:
         t_inv, w, u = wy_fwd(k, v, beta, g, geo, seqs, inter_dtype, num_warps)
+        if row_scaled:
+            (w16, w_unscale), (u16, u_unscale) = row_scaled_f16(w), row_scaled_f16(u)
+            return t_inv, w16, u16, w_unscale, u_unscale
         return t_inv, split_planes(w) if w_planes else w, u
     warps = num_warps or series_warps(k.shape[-1])
     return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps, w_planes,
-                                  PREC=series_precision(k.dtype), W_PLANES=w_planes)  # fmt: skip
+                                  row_scaled, PREC=series_precision(k.dtype), W_PLANES=w_planes)  # fmt: skip

@@ -127,7 +127,7 @@ def test_lowp_safe_dtypes_and_fake():
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     args = (*(inputs[n] for n in NAMES), cu, 3, 0.5, True, False, "lowp_safe")
     torch.library.opcheck(gdp_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
-    _, _, _, w, u, states, v_new = gdp_chunk_fwd(*args)
+    _, _, _, w, u, states, v_new, *_ = gdp_chunk_fwd(*args)
     assert (w.dtype, u.dtype, states.dtype, v_new.dtype) == (torch.float32, torch.float32, torch.float16,
                                                              torch.float16)  # fmt: skip
 
@@ -214,7 +214,7 @@ def test_lowp_state_varlen_forward_is_the_default():
             assert torch.allclose(a[2][name].double(), b[2][name].double(), rtol=2e-2, atol=2e-2), name
     args = (*(inputs[n] for n in NAMES), cu, 2, 0.5, True, False, "lowp_state")
     torch.library.opcheck(gdp_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
-    _, _, _, w, u, _, v_new = gdp_chunk_fwd(*args)
+    _, _, _, w, u, _, v_new, *_ = gdp_chunk_fwd(*args)
     assert (w.dtype, u.dtype, v_new.dtype) == (torch.float32,) * 3
 
 

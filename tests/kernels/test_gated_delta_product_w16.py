@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from titan_delta_kernels.gated_delta_product import cost, state
 from titan_delta_kernels.gated_delta_product._common import row_scaled_f16
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.options import parse_options
@@ -55,6 +56,14 @@ def transform(n_h: int, gated: bool, T: int = 150, K: int = 32, V: int = 16):
 
 def test_flag_parses():
     assert parse_options(W16).w16 and not parse_options("default").w16
+    assert cost.STATE_FWD_BLOCK_V_ROW_SCALED == state.STATE_FWD_BLOCK_V_ROW_SCALED
+
+
+def test_forward_tile_follows_storage():
+    """The forward pass takes 64 columns per program on row-scaled W (``sbv`` still overrides it)."""
+    for w16, sbv, programs in ((False, None, 2 * 2 * 4), (True, None, 2 * 2 * 2), (True, 32, 2 * 2 * 4)):
+        costs = cost.stage_costs(2, 64, 2, 64, 128, 2, state_block_v=sbv, w16=w16)
+        assert costs["state_fwd"].programs == programs
 
 
 def test_row_scaled_f16_twin():

@@ -189,7 +189,7 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
               "(GB, GFLOP: cost-model estimates)", flush=True)  # fmt: skip
         times = {}
         for name, fn in stage_calls(t, opts).items():
-            if stages and name not in stages or opts.ofuse and name == "output_fwd":  # ofuse: in state_fwd
+            if (stages and name not in stages) or (opts.ofuse and name == "output_fwd"):  # in state_fwd
                 continue
             times[name], note = bench(fn)
             print(stage_line(f"{name} [{opts.text()}]" if stages else name, times[name], costs[name], note),

@@ -103,7 +103,8 @@ def gdp_chunk_fwd(
     if fused is not None:
         o = fused[1]
     else:
-        o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
+        o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k,
+                       opts.output_block_v)  # fmt: skip
     if w_scale is None or u_scale is None:  # two distinct empties: custom-op outputs must not alias
         w_scale, u_scale = k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.float32)
     return o, final_state, t_inv, w, u, chunk_states, v_new, w_scale, u_scale

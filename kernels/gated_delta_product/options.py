@@ -73,10 +73,10 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # reader rounds to 11 bits (tf32) or less; fp16 adds 2^-12 of U, an eighth of the bf16 rounding of T diag(β)
 # before it meets V. No reduction joins a chunk's critical path (unlike ws16): the scales come from the
 # transform, which runs in parallel over chunks.
-# ofuse (eleventh session): the forward state pass writes the outputs too (output.fused_chunk_output): each of
-# its programs holds the chunk-entry state, δ and kᵀ of its V tile already, so o costs it a load of q and three
-# products off the state's critical path, and the separate output kernel (its reads of the states, δ, q and k)
-# goes. The products and their dtypes are output_fwd's.
+# ofuse (eleventh session): the forward state pass writes the outputs too (output.fused_chunk_output): each
+# of its programs holds the chunk-entry state, δ and kᵀ of its V tile already, so o costs it a load of q and
+# three products off the state's critical path, and the separate output kernel (its reads of the states, δ,
+# q and k) goes. The products and their dtypes are output_fwd's.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

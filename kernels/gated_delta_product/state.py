@@ -99,8 +99,9 @@ def state_fwd_kernel(
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         if FUSE_OUTPUT:
-            fused_chunk_output(q, o, b_kt, b_h, b_delta.to(v_new.dtype.element_ty), G, Gq, tok0, n_tok, i_h, o_v,
-                               scale, H, K, V, NH, BT, BC, BK)  # fmt: skip
+            b_dst = b_delta.to(v_new.dtype.element_ty)  # δ as stored (what output_fwd would read)
+            fused_chunk_output(q, o, b_kt, b_h, b_dst, G, Gq, tok0, n_tok, i_h, o_v, scale,
+                               H, K, V, NH, BT, BC, BK)  # fmt: skip
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
         if FWD16 // 2 == 1:
             kt16, k_unscale = scaled_f16(b_kt.to(tl.float32), 1)
@@ -322,8 +323,8 @@ def state_fwd(
     ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
     power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
 
-    ``output`` = (q, o, scale) (the ``ofuse`` variant): the pass also writes the outputs into ``o`` [B, T, H, V]
-    (q's dtype), as ``output.output_fwd`` would from the states and δ it returns.
+    ``output`` = (q, o, scale) (the ``ofuse`` variant): the pass also writes the outputs into ``o``
+    [B, T, H, V] (q's dtype), as ``output.output_fwd`` would from the states and δ it returns.
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")

@@ -148,14 +148,13 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale
-    fused = (q, torch.empty_like(q), scale) if opts.ofuse else None  # ofuse: state_fwd writes o (K = V here)
     wy_kw: dict[str, bool] = {}
     if opts.wyseries:
         wy_kw = dict(w_planes=t.planes, row_scaled=t.row_scaled)
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps, **wy_kw),
         "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small,
-                                             fwd16=opts.fwd16(), **t.scales, output=fused),
+                                             fwd16=opts.fwd16(), **t.scales),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs, opts.output_block_k,
                                                 opts.output_block_v),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small,
@@ -189,7 +188,7 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
               "(GB, GFLOP: cost-model estimates)", flush=True)  # fmt: skip
         times = {}
         for name, fn in stage_calls(t, opts).items():
-            if (stages and name not in stages) or (opts.ofuse and name == "output_fwd"):  # in state_fwd
+            if stages and name not in stages:
                 continue
             times[name], note = bench(fn)
             print(stage_line(f"{name} [{opts.text()}]" if stages else name, times[name], costs[name], note),
@@ -199,7 +198,6 @@ def breakdown(B: int, T: int, H: int, D: int, n_h: int, variants: list[str], sta
             sums = {"forward": cost.FORWARD_STAGES, "backward (recomputes state_fwd)": cost.BACKWARD_STAGES,
                     "backward with saved states": recompute}  # fmt: skip
             for label, names in sums.items():
-                names = [n for n in names if n in times]
                 ms = sum(float("nan") if times[n] is None else times[n] for n in names)
                 nbytes = sum(costs[n].bytes for n in names)
                 print(f"- sum {label}: {ms:.3f} ms | model {nbytes / 1e9:.2f} GB"

@@ -26,7 +26,6 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
 * ``dkp16`` (an ``options`` flag, in the default): the direct dk that dqkw hands to wy_bwd is stored in k's
   dtype rather than δ's.
-* ``ofuse`` (an ``options`` flag): the forward state pass writes the outputs (no separate output kernel).
 * ``w16`` (an ``options`` flag, for 16-bit inputs without ``lowp`` or ``wplanes``): W and U in fp16 with one
   power-of-two scale per row; the forward returns the scales as two more outputs (empty otherwise) and the
   backward takes W's (and U's, when it recomputes the states).
@@ -95,16 +94,11 @@ def gdp_chunk_fwd(
         w = split_planes(w) if planes else w
         if row_scaled:
             (w, w_scale), (u, u_scale) = row_scaled_f16(w), row_scaled_f16(u)
-    fused = (q, q.new_empty(*q.shape[:3], v.shape[-1]), scale) if opts.ofuse else None
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, output=fused, **_state_launch(opts),
+        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **_state_launch(opts),
     )  # fmt: skip
-    if fused is not None:
-        o = fused[1]
-    else:
-        o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k,
-                       opts.output_block_v)  # fmt: skip
+    o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
     if w_scale is None or u_scale is None:  # two distinct empties: custom-op outputs must not alias
         w_scale, u_scale = k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.float32)
     return o, final_state, t_inv, w, u, chunk_states, v_new, w_scale, u_scale

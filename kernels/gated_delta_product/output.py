@@ -37,27 +37,6 @@ def masked_scores(b_q, b_kt, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, B
 
 
 @triton.jit
-def fused_chunk_output(
-    q, o, b_kt, b_h, b_delta, G, Gq, tok0, n_tok, i_h, o_v, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BK: tl.constexpr,
-):  # fmt: skip
-    """``output_fwd_kernel``'s work for one chunk and V tile, inside the forward state pass (``ofuse``), from
-    the operands that pass holds anyway: kᵀ [BK, BT] in k's dtype, the chunk-entry state [BK, BV] (fp32,
-    rounded here to q's dtype as its stored copy is) and δ [BT, BV] in its stored dtype. Same products in the
-    same dtypes as ``output_fwd_kernel`` with one K slice."""
-    o_t = tl.arange(0, BC)
-    o_k = tl.arange(0, BK)
-    m_t = o_t < n_tok
-    q_rows = (tok0.to(tl.int64) + o_t) * H + i_h
-    b_q = tl.load(q + q_rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-    b_s = decayed_scores(tl.dot(b_q, b_kt), G, Gq, n_tok, NH, BT, BC)
-    b_o = tl.dot(b_q, b_h.to(b_q.dtype)) * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_delta.dtype), b_delta)
-    tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
-             mask=m_t[:, None] & (o_v < V)[None, :])  # fmt: skip
-
-
-@triton.jit
 def output_fwd_kernel(
     q, k, g, v_new, chunk_states, o,
     cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,

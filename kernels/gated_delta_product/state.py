@@ -21,22 +21,18 @@ from titan_delta_kernels.gated_delta_product._common import (
     scaled_f16,
     sequence_bounds,
 )
-from titan_delta_kernels.gated_delta_product.output import fused_chunk_output
 
 
 @triton.jit
 def state_fwd_kernel(
     k, w, u, w_scale, u_scale, g, h0, chunk_states, v_new, final_state,
-    cu_seqlens, chunk_offsets, T, NT, q, o, scale,
+    cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
-    FWD16: tl.constexpr, ROW_SCALED: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
+    FWD16: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
-
-    ``FUSE_OUTPUT`` (``ofuse``): also writes this V tile of the chunk's outputs o (``q``, ``o``, ``scale``),
-    as ``output.output_fwd`` would from the stored states and δ (``output.fused_chunk_output``).
 
     ``ROW_SCALED`` (``w16``): W and U come in fp16 with one power-of-two scale per row (``w_scale``,
     ``u_scale``). W is widened to fp32 for the default's tf32 product (exact: fp16 carries tf32's 11 bits)
@@ -95,13 +91,9 @@ def state_fwd_kernel(
             b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
-        G, Gq, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+        G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
-        if FUSE_OUTPUT:
-            b_dst = b_delta.to(v_new.dtype.element_ty)  # δ as stored (what output_fwd would read)
-            fused_chunk_output(q, o, b_kt, b_h, b_dst, G, Gq, tok0, n_tok, i_h, o_v, scale,
-                               H, K, V, NH, BT, BC, BK)  # fmt: skip
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
         if FWD16 // 2 == 1:
             kt16, k_unscale = scaled_f16(b_kt.to(tl.float32), 1)
@@ -309,7 +301,6 @@ def state_fwd(
     fwd16: int = 0,
     w_scale: torch.Tensor | None = None,
     u_scale: torch.Tensor | None = None,
-    output: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
@@ -322,9 +313,6 @@ def state_fwd(
 
     ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
     power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
-
-    ``output`` = (q, o, scale) (the ``ofuse`` variant): the pass also writes the outputs into ``o``
-    [B, T, H, V] (q's dtype), as ``output.output_fwd`` would from the states and δ it returns.
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
@@ -346,12 +334,10 @@ def state_fwd(
         k if g is None else g, k if initial_state is None else initial_state,
         chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        *(output or (k, k, 1.0)),
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
         IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=0 if row_scaled else fwd16,
-        ROW_SCALED=row_scaled, FUSE_OUTPUT=output is not None, num_warps=num_warps or STATE_NUM_WARPS,
-        num_stages=num_stages or _stages(BK),
+        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
 

@@ -17,7 +17,7 @@ import triton
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry
 
 STATE_BLOCK_V = 32  # mirrors state.STATE_BLOCK_V (not imported: the model must not need a GPU build)
-STATE_FWD_BLOCK_V_ROW_SCALED = 64  # mirrors state.STATE_FWD_BLOCK_V_ROW_SCALED (the forward pass under w16)
+STATE_FWD_BLOCK_V_ROW_SCALED = 64  # mirrors state.STATE_FWD_BLOCK_V_ROW_SCALED (forward pass, w16, K <= 64)
 STATE_BWD_BLOCK_V_NH1 = 64  # mirrors state.STATE_BWD_BLOCK_V_NH1 (and state.STATE_BWD_BLOCK_V_PLANES)
 OUTPUT_BLOCK_V = 128  # mirrors output.OUTPUT_BLOCK_V (V tile of output_fwd and dv_local)
 FORWARD_STAGES = ("wy_fwd", "state_fwd", "output_fwd")
@@ -78,7 +78,8 @@ def stage_costs(B: int, T: int, H: int, K: int, V: int, n_h: int, *, lowp: bool 
     bv_chunk = min(OUTPUT_BLOCK_V, max(16, triton.next_power_of_2(V)))
     n_v = triton.cdiv(V, bv_chunk)
     chunk_heads = B * triton.cdiv(T, geo.tokens_per_chunk) * H
-    fwd_block_v = STATE_FWD_BLOCK_V_ROW_SCALED if storage.get("w16") and not lowp else STATE_BLOCK_V
+    row_scaled = storage.get("w16") and not lowp and K <= 64
+    fwd_block_v = STATE_FWD_BLOCK_V_ROW_SCALED if row_scaled else STATE_BLOCK_V
     state_programs = B * H * triton.cdiv(V, min(state_block_v or fwd_block_v, V))
     bwd_block_v = state_block_v or (STATE_BWD_BLOCK_V_NH1 if n_h == 1 or w_planes else STATE_BLOCK_V)
     state_bwd_programs = B * H * triton.cdiv(V, min(bwd_block_v, V))

@@ -220,12 +220,12 @@ STATE_BWD_BLOCK_V_NH1 = 64
 STATE_BWD_BLOCK_V_PLANES = 64
 
 
-# With W and U as row-scaled fp16 (``w16``) the forward pass at 32 columns was slower than on fp32 W
-# (widening W in registers: 146 -> 188 registers at K = 64); 64-column tiles got it back and more. H200
-# state_fwd, fp32 W at 32 columns / w16 at 32 / w16 at 64: 0.431 / 0.493 / 0.424 ms at [4,4096,16,128],
-# n_h = 2; 0.653 / 0.733 / 0.634 ms at n_h = 3; 0.226 / 0.269 / 0.200 ms at [8,2048,16,64], n_h = 3
-# (docs/benchmarks.md, GDP, eleventh session). The reverse pass stays at 32 columns (w16 at 64 was slower
-# there: 0.784 against 0.484 ms).
+# With W and U as row-scaled fp16 (``w16``) at K <= 64 the forward pass takes 64-column tiles. H200 state_fwd
+# at [8,2048,16,64], n_h = 3: 0.226 ms (fp32 W, 32 columns), w16 0.269 (32) / 0.200 (64), w16+lowp_safe
+# 0.229 (32) / 0.190 (64). At K = 128 it was mixed: w16 0.493 (32) / 0.424 (64) but w16+lowp_safe 0.463 (32) /
+# 0.505 (64) at [4,4096,16,128], n_h = 2, and 0.690 / 0.759 at n_h = 3, so 32 there (docs/benchmarks.md, GDP,
+# eleventh session). The reverse pass stays at 32 columns (w16 at 64 was slower there: 0.784 against 0.484
+# ms).
 STATE_FWD_BLOCK_V_ROW_SCALED = 64
 
 
@@ -323,7 +323,7 @@ def state_fwd(
         fwd16 = 0
     _, _, H, K = k.shape
     V = u.shape[-1]
-    BK, BV = _blocks(K, V, block_v or (STATE_FWD_BLOCK_V_ROW_SCALED if row_scaled else None))
+    BK, BV = _blocks(K, V, block_v or (STATE_FWD_BLOCK_V_ROW_SCALED if row_scaled and K <= 64 else None))
     chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     v_new = torch.empty_like(u, dtype=delta_dtype or (torch.float32 if row_scaled else u.dtype))
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)

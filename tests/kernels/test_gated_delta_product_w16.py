@@ -60,10 +60,12 @@ def test_flag_parses():
 
 
 def test_forward_tile_follows_storage():
-    """The forward pass takes 64 columns per program on row-scaled W (``sbv`` still overrides it)."""
-    for w16, sbv, programs in ((False, None, 2 * 2 * 4), (True, None, 2 * 2 * 2), (True, 32, 2 * 2 * 4)):
-        costs = cost.stage_costs(2, 64, 2, 64, 128, 2, state_block_v=sbv, w16=w16)
-        assert costs["state_fwd"].programs == programs
+    """The forward pass takes 64 columns per program on row-scaled W at K <= 64 (``sbv`` overrides it)."""
+    cases = ((64, False, None, 4), (64, True, None, 2), (64, True, 32, 4), (128, True, None, 4),
+             (128, True, 64, 2))  # fmt: skip
+    for K, w16, sbv, tiles in cases:
+        costs = cost.stage_costs(2, 64, 2, K, 128, 2, state_block_v=sbv, w16=w16)
+        assert costs["state_fwd"].programs == 2 * 2 * tiles, (K, w16, sbv)
 
 
 def test_row_scaled_f16_twin():

@@ -130,13 +130,17 @@ def chunk_log_gates(
     exponent the kernels take is a difference of two of them (≤ 0 for g ≤ 0): no exp-then-divide.
     The step values are copied from the token prefix sums (not re-summed), so steps of one token, the
     token's query and the chunk total agree bitwise and their differences are exact zeros, even at |G| ~ 1e5.
+    Padding steps (past the chunk) take the chunk total: the prefix sum runs on over zero gates to BC tokens,
+    and steps past BC tokens (the padding of 128-step blocks, n_h >= 5) are clamped to the last token. A
+    padding row r then meets e^{G_r − G_j} ≤ 1 for gates ≤ 0 (with 0 there, e^{+480} overflowed at g ~ −30 and
+    0·inf turned the whole chunk into NaN).
     """
     o_s = tl.arange(0, BT)
     o_t = tl.arange(0, BC)
     if USE_G:
         g_tok = tl.load(g + (tok0 + o_t).to(tl.int64) * H + i_h, mask=o_t < n_tok, other=0.0).to(tl.float32)
         Gq = tl.cumsum(g_tok, 0)
-        G = tl.sum(tl.where((o_s // NH)[:, None] == o_t[None, :], Gq[None, :], 0.0), 1)
+        G = tl.sum(tl.where(tl.minimum(o_s // NH, BC - 1)[:, None] == o_t[None, :], Gq[None, :], 0.0), 1)
         G_last = tl.sum(tl.where(o_t == n_tok - 1, Gq, 0.0), 0)
     else:
         G = tl.zeros([BT], dtype=tl.float32)

@@ -44,7 +44,7 @@ def _gates(Gq, b: tl.constexpr, NH: tl.constexpr, BC: tl.constexpr):
     """Log gates of the steps of block b, copied from the token prefix sums (bitwise chunk_log_gates' G)."""
     o = b * 16 + tl.arange(0, 16)
     o_t = tl.arange(0, BC)
-    return tl.sum(tl.where((o // NH)[:, None] == o_t[None, :], Gq[None, :], 0.0), 1)
+    return tl.sum(tl.where(tl.minimum(o // NH, BC - 1)[:, None] == o_t[None, :], Gq[None, :], 0.0), 1)
 
 
 @triton.jit

@@ -144,7 +144,9 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
     transform = wy_series.wy_fwd_series if opts.wyseries else transform
     # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
-    gmod, gkw = (grads_sliced, dict(max_registers=opts.grad_max_registers)) if opts.kslice else (grads, {})
+    gmod, gkw = (grads, {})
+    if opts.kslice:
+        gmod, gkw = grads_sliced, dict(max_registers=opts.grad_max_registers, num_stages=opts.wy_bwd_stages)
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale

@@ -188,7 +188,8 @@ def gdp_chunk_bwd(
         dq, dk, dv, dg, dbeta = grads_sliced.chunk_grads(*grad_args, max_registers=opts.grad_max_registers,
                                                          dqkw_max_registers=opts.dqkw_max_registers,
                                                          dqkw_block_k=opts.dqkw_block_k,
-                                                         dk_part_dtype=dk_part_dtype)
+                                                         dk_part_dtype=dk_part_dtype,
+                                                         wy_bwd_stages=opts.wy_bwd_stages)
     else:
         dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args, dk_part_dtype=dk_part_dtype)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0

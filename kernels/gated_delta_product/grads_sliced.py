@@ -263,13 +263,17 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
 def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, d_delta: Tensor,
            dk_part: Tensor, dw: Tensor, dG_step: Tensor, dG_tok: Tensor, geo: ChunkGeometry,
            seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
-           max_registers: int | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
-    """``grads.wy_bwd`` sliced over K: (dk, dv, dg or None, dβ) in the dtypes of k, v, g, β."""
+           max_registers: int | None = None,
+           num_stages: int | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
+    """``grads.wy_bwd`` sliced over K: (dk, dv, dg or None, dβ) in the dtypes of k, v, g, β. ``num_stages``
+    overrides the pipelining depth of its K and V loops (variant key ``wystages``)."""
     dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = None if g is None else torch.empty_like(g)
     common, where, grid = _launch_config(
         k, v.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers
     )
+    if num_stages:
+        common["num_stages"] = num_stages
     # The [BT, BT] scratch of each chunk: its own rows of dk when they are wide enough, else a buffer laid
     # out like T (the kernel reads it back before it writes dk).
     scr = dk if k.shape[-1] >= geo.block_steps else torch.empty(t_inv.shape, dtype=k.dtype, device=k.device)
@@ -286,7 +290,7 @@ def chunk_grads(
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
     max_registers: int | None = None, dqkw_max_registers: int | None = None, dqkw_block_k: int | None = None,
-    dk_part_dtype: torch.dtype | None = None,
+    dk_part_dtype: torch.dtype | None = None, wy_bwd_stages: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
     caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap);
@@ -299,6 +303,7 @@ def chunk_grads(
         dk_part_dtype=dk_part_dtype,
     )
     dk, dv, dg, dbeta = wy_bwd(
-        k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch
+        k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch,
+        num_stages=wy_bwd_stages,
     )
     return dq, dk, dv, dg, dbeta

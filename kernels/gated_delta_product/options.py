@@ -82,7 +82,8 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
     "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd, fastwy or wyseries)
-    "gwarps": ("grad_warps", (4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
+    "gwarps": ("grad_warps", (2, 4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
+    "wystages": ("wy_bwd_stages", (1, 2, 3)),  # kslice only: software-pipelining depth of wy_bwd's loops
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
     "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)
     # kslice only: dqkw's K-slice width. Offline (sm_90, Triton 3.6, K = 128, n_h = 2) 32 columns take dqkw
@@ -133,6 +134,7 @@ class GdpOptions:
     state_stages: int | None = None
     wy_warps: int | None = None
     grad_warps: int | None = None
+    wy_bwd_stages: int | None = None
     grad_max_registers: int | None = None
     dqkw_max_registers: int | None = None
     dqkw_block_k: int | None = None

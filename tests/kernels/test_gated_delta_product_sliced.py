@@ -246,3 +246,22 @@ def test_dqkw_slice_width_reaches_dqkw_alone_and_matches_reference(monkeypatch, 
     assert parse_options(f"default+dqbk={dqbk}").dqkw_block_k == dqbk
     with pytest.raises(ValueError):
         parse_options("default+dqbk=48")
+
+
+def test_wy_bwd_launch_keys(monkeypatch):
+    """``wystages`` reaches wy_bwd's launch as its pipelining depth; ``gwarps=2`` is a valid launch; both
+    keep the results (fp32, against the oracle)."""
+    opts = parse_options("default+wystages=1+gwarps=2")
+    assert (opts.wy_bwd_stages, opts.grad_warps) == (1, 2) and parse_options(opts.text()) == opts
+    seen = []
+    real = grads_sliced.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        if kernel is grads_sliced.wy_bwd_sliced_kernel:
+            seen.append((kwargs["num_stages"], kwargs["num_warps"]))
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(grads_sliced, "launch", recording)
+    inputs = make_inputs(1, 23, 2, 16, 16, 2)
+    check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(opts.text()))
+    assert seen == [(1, 2)]

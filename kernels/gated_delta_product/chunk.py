@@ -26,8 +26,6 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
 * ``dkp16`` (an ``options`` flag, in the default): the direct dk that dqkw hands to wy_bwd is stored in k's
   dtype rather than δ's.
-* ``gpre`` (an ``options`` flag): the state passes read the steps' log-gate prefix sums, stored once by a
-  parallel launch (``gates.py``), instead of recomputing them per chunk; bitwise the same results.
 * ``w16`` (an ``options`` flag, for 16-bit inputs without ``lowp`` or ``wplanes``): W and U in fp16 with one
   power-of-two scale per row; the forward returns the scales as two more outputs (empty otherwise) and the
   backward takes W's (and U's, when it recomputes the states).
@@ -39,7 +37,6 @@ import torch
 
 from titan_delta_kernels.gated_delta_product import grads, grads_sliced
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, row_scaled_f16, sequence_layout
-from titan_delta_kernels.gated_delta_product.gates import chunk_gate_prefix
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import (
@@ -99,8 +96,7 @@ def gdp_chunk_fwd(
             (w, w_scale), (u, u_scale) = row_scaled_f16(w), row_scaled_f16(u)
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, g_step=_gate_prefix(k, g, geo, seqs, opts),
-        **_state_launch(opts),
+        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **_state_launch(opts),
     )  # fmt: skip
     o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
     if w_scale is None or u_scale is None:  # two distinct empties: custom-op outputs must not alias
@@ -168,18 +164,17 @@ def gdp_chunk_bwd(
     d_out = d_out.contiguous()
     widened = is_planes(w, k) or w_scale is not None
     inter = k.dtype if opts.lowp_safe else torch.float32 if widened else w.dtype
-    g_step = _gate_prefix(k, g, geo, seqs, opts)
     if chunk_states is None or v_new is None:
         if u is None:
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
         chunk_states, v_new, _ = state_fwd(
             k, w, u, g, initial_state, geo, seqs, delta_dtype=inter, fwd16=opts.fwd16(), w_scale=w_scale,
-            u_scale=u_scale, g_step=g_step, **launch,
+            u_scale=u_scale, **launch,
         )  # fmt: skip
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter, block_v=opts.dv_local_block_v)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
-        **launch, wt_mode=opts.wt_mode(), w_scale=w_scale, g_step=g_step,
+        **launch, wt_mode=opts.wt_mode(), w_scale=w_scale,
     )
     grad_args = (q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo,
                  seqs, opts.grad_warps)
@@ -242,11 +237,6 @@ def _state_launch(opts: GdpOptions) -> dict:
 def _planes(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:
     """Whether W is stored as planes (``wplanes``): for 16-bit inputs whose W would be fp32."""
     return opts.wplanes and not lowp and k.dtype != torch.float32
-
-
-def _gate_prefix(k: Tensor, g: Tensor | None, geo, seqs, opts: GdpOptions) -> Tensor | None:
-    """The steps' within-chunk log-gate prefix sums for the state passes (``gpre``; None without g)."""
-    return None if g is None or not opts.gpre else chunk_gate_prefix(g, geo, seqs, k.shape[1])
 
 
 def _row_scaled(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:

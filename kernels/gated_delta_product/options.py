@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16", "gpre")
+         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -73,9 +73,6 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # reader rounds to 11 bits (tf32) or less; fp16 adds 2^-12 of U, an eighth of the bf16 rounding of T diag(β)
 # before it meets V. No reduction joins a chunk's critical path (unlike ws16): the scales come from the
 # transform, which runs in parallel over chunks.
-# gpre (eleventh session): the two sequential state passes load the steps' within-chunk log-gate prefix sums,
-# stored once per chunk by a parallel launch (gates.py), instead of recomputing them from g in every iteration
-# (a load, a scan and a [BT, BC] reduction per chunk on each pass's path). Bitwise the same results.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -128,7 +125,6 @@ class GdpOptions:
     wd16: bool = False
     dkp16: bool = False
     w16: bool = False
-    gpre: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

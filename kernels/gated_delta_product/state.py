@@ -21,7 +21,6 @@ from titan_delta_kernels.gated_delta_product._common import (
     scaled_f16,
     sequence_bounds,
 )
-from titan_delta_kernels.gated_delta_product.gates import stored_log_gates
 
 
 @triton.jit
@@ -31,12 +30,9 @@ def state_fwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, W_PLANES: tl.constexpr,
-    FWD16: tl.constexpr, ROW_SCALED: tl.constexpr, PRE_G: tl.constexpr,
+    FWD16: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
-
-    ``PRE_G`` (``gpre``): ``g`` holds the steps' within-chunk log-gate prefix sums (``gates.py``), loaded
-    instead of computed from the token gates in every iteration.
 
     ``ROW_SCALED`` (``w16``): W and U come in fp16 with one power-of-two scale per row (``w_scale``,
     ``u_scale``). W is widened to fp32 for the default's tf32 product (exact: fp16 carries tf32's 11 bits)
@@ -95,10 +91,7 @@ def state_fwd_kernel(
             b_delta = b_u - tl.dot(b_w, b_h.to(b_w.dtype))
         tl.store(v_new + rows[:, None] * V + o_v[None, :], b_delta.to(v_new.dtype.element_ty), mask=m_sv)
 
-        if PRE_G:
-            G, _, G_last = stored_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC)
-        else:
-            G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+        G, _, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_ks = (o_k < K)[:, None] & m_s[None, :]
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_delta = b_delta * tl.exp(G_last - G)[:, None]
@@ -118,7 +111,7 @@ def state_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, WT_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr, W_PLANES: tl.constexpr, ROW_SCALED: tl.constexpr, PRE_G: tl.constexpr,
+    SPLIT_DTYPE: tl.constexpr, W_PLANES: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state.
 
@@ -127,8 +120,7 @@ def state_bwd_kernel(
     lo·hi, 4 one product of scaled fp16 operands (``scaled_f16``). With ``W_PLANES`` (W as 16-bit planes,
     ``split_planes``) Wᵀ·dδ is mode 3's three products whatever ``WT_MODE`` says, with W's halves loaded
     rather than split in registers. ``ROW_SCALED`` (``w16``): W comes in fp16 with a power-of-two scale per
-    row (``w_scale``), rebuilt in fp32 (exactly) before the mode's product. ``PRE_G``: as in
-    ``state_fwd_kernel``.
+    row (``w_scale``), rebuilt in fp32 (exactly) before the mode's product.
     """
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
@@ -154,10 +146,7 @@ def state_bwd_kernel(
         h_off = (((first_chunk + i_c).to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
         tl.store(d_chunk_states + h_off, b_dh.to(d_chunk_states.dtype.element_ty), mask=m_kv)
 
-        if PRE_G:
-            G, Gq, G_last = stored_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC)
-        else:
-            G, Gq, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+        G, Gq, G_last = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
         m_sk = m_s[:, None] & (o_k < K)[None, :]
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
@@ -280,11 +269,6 @@ def is_planes(w: torch.Tensor, k: torch.Tensor) -> bool:
     return w.shape[-1] == 2 * k.shape[-1]
 
 
-def _gate_arg(k: torch.Tensor, g: torch.Tensor | None, g_step: torch.Tensor | None) -> torch.Tensor:
-    """What the kernels' gate pointer gets: the stored prefix sums (``gpre``), else g, else a dummy."""
-    return k if g is None else g if g_step is None else g_step
-
-
 def _check_row_scaled(x: torch.Tensor, x_scale: torch.Tensor | None, name: str) -> bool:
     """Whether ``x`` comes row-scaled (``w16``): fp16 with [B, L, H] fp32 factors; raises on a mismatch."""
     if x_scale is None:
@@ -317,7 +301,6 @@ def state_fwd(
     fwd16: int = 0,
     w_scale: torch.Tensor | None = None,
     u_scale: torch.Tensor | None = None,
-    g_step: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
@@ -330,9 +313,6 @@ def state_fwd(
 
     ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
     power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
-
-    ``g_step`` (``gpre``; with g): the steps' within-chunk log-gate prefix sums (``gates.chunk_gate_prefix``),
-    read instead of g.
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
@@ -351,14 +331,13 @@ def state_fwd(
     launch(
         state_fwd_kernel, grid,
         k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
-        _gate_arg(k, g, g_step), k if initial_state is None else initial_state,
+        k if g is None else g, k if initial_state is None else initial_state,
         chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
         IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=0 if row_scaled else fwd16,
-        ROW_SCALED=row_scaled, PRE_G=g is not None and g_step is not None,
-        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
+        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
 
@@ -379,7 +358,6 @@ def state_bwd(
     num_stages: int | None = None,
     wt_mode: int = 0,
     w_scale: torch.Tensor | None = None,
-    g_step: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
     [N,H,K,V] fp32).
@@ -396,7 +374,7 @@ def state_bwd(
     (1 and 3 give 0's kernel for 16-bit W and for fp32 inputs).
 
     ``w_scale`` (the ``w16`` variant): W is fp16 with one power-of-two scale per row, these [B, L, H] fp32
-    factors; the modes then act on W rebuilt in fp32. ``g_step``: as in ``state_fwd``.
+    factors; the modes then act on W rebuilt in fp32.
     """
     if wt_mode not in WT_MODES:
         raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
@@ -415,14 +393,13 @@ def state_bwd(
     grid = (seqs.num_sequences, H, cdiv(V, BV))
     launch(
         state_bwd_kernel, grid,
-        q, k, w, k if w_scale is None else w_scale, _gate_arg(k, g, g_step), d_out,
+        q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
         k if d_final is None else d_final, d_vlocal,
         d_chunk_states, d_delta, d_h0,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
         IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(), W_PLANES=is_planes(w, k),
-        ROW_SCALED=row_scaled, PRE_G=g is not None and g_step is not None,
-        num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
+        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

@@ -31,8 +31,8 @@ import triton
 from titan_delta_kernels.gated_delta_product import api, cost
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 
-ALL_VARIANTS = ("plain,save_states,default (= save_states+fastwy+bf16x3+kslice+wyseries+dkp16),lowp,"
-                "default+lowp")
+ALL_VARIANTS = ("plain,save_states,default (= save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16),"
+                "lowp,default+lowp")
 
 
 def make_inputs(B, T, H, D, n_h, device):
@@ -146,7 +146,8 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     # the gradient stages of the variant: K-sliced kernels (with their register cap) under kslice
     gmod, gkw = (grads, {})
     if opts.kslice:
-        gmod, gkw = grads_sliced, dict(max_registers=opts.grad_max_registers, num_stages=opts.wy_bwd_stages)
+        gmod, gkw = grads_sliced, dict(max_registers=opts.grad_max_registers, num_stages=opts.wy_bwd_stages,
+                                       block_k=opts.wy_bwd_block_k)
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale

@@ -106,7 +106,7 @@ def gdp_chunk_fwd(
 
 @gdp_chunk_fwd.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, save_states=False, lowp=False,
-      options="default"):  # fmt: skip
+      options="plain"):  # fmt: skip
     B, T, H, _ = q.shape
     K, V = k.shape[-1], v.shape[-1]
     geo = chunk_geometry(num_householder)
@@ -184,7 +184,8 @@ def gdp_chunk_bwd(
                                                          dqkw_max_registers=opts.dqkw_max_registers,
                                                          dqkw_block_k=opts.dqkw_block_k,
                                                          dk_part_dtype=dk_part_dtype,
-                                                         wy_bwd_stages=opts.wy_bwd_stages)
+                                                         wy_bwd_stages=opts.wy_bwd_stages,
+                                                         wy_bwd_block_k=opts.wy_bwd_block_k)
     else:
         dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args, dk_part_dtype=dk_part_dtype)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0
@@ -192,7 +193,7 @@ def gdp_chunk_bwd(
 
 @gdp_chunk_bwd.register_fake
 def _(d_out, d_final, q, k, v, g, beta, initial_state, cu_seqlens, t_inv, w, u, chunk_states, v_new,
-      w_scale, u_scale, num_householder, scale, options="default"):  # fmt: skip
+      w_scale, u_scale, num_householder, scale, options="plain"):  # fmt: skip
     N, H, K, V = _num_sequences(q, cu_seqlens), q.shape[2], k.shape[-1], v.shape[-1]
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     d_h0 = q.new_empty(N, H, K, V, dtype=torch.float32)

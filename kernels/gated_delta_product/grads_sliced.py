@@ -272,8 +272,7 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     common, where, grid = _launch_config(
         k, v.shape[-1], g is not None, geo, seqs, num_warps, block_k, max_registers
     )
-    if num_stages:
-        common["num_stages"] = num_stages
+    common["num_stages"] = num_stages or wy_bwd_num_stages(k.shape[-1], common["BKS"])
     # The [BT, BT] scratch of each chunk: its own rows of dk when they are wide enough, else a buffer laid
     # out like T (the kernel reads it back before it writes dk).
     scr = dk if k.shape[-1] >= geo.block_steps else torch.empty(t_inv.shape, dtype=k.dtype, device=k.device)
@@ -285,16 +284,31 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     return dk, dv, dg, dbeta
 
 
+# wy_bwd's pipelining depth: 3 where its K loops run more than once (K = 128 in 64-column slices: on an H200
+# wy_bwd went 1.007 -> 0.909 ms at [4,4096,16,128], n_h = 3, against 1.165 ms with 1 stage), 2 otherwise (at
+# K = 64 one slice: 0.734-0.735 ms with 1, 2 or 3 stages at [8,2048,16,64], n_h = 3; docs/benchmarks.md, GDP,
+# eleventh session).
+WY_BWD_STAGES_MULTI_SLICE = 3
+
+
+def wy_bwd_num_stages(head_dim: int, block_k: int) -> int:
+    if head_dim > 128:
+        return 1
+    return WY_BWD_STAGES_MULTI_SLICE if head_dim > block_k else 2
+
+
 def chunk_grads(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
     chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
     max_registers: int | None = None, dqkw_max_registers: int | None = None, dqkw_block_k: int | None = None,
     dk_part_dtype: torch.dtype | None = None, wy_bwd_stages: int | None = None,
+    wy_bwd_block_k: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
     caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap);
-    ``dqkw_block_k`` is dqkw's own slice width (None: ``block_k``)."""
+    ``dqkw_block_k`` and ``wy_bwd_block_k`` are the kernels' own slice widths (None: ``block_k``);
+    ``wy_bwd_stages`` is wy_bwd's pipelining depth (None: ``wy_bwd_num_stages``)."""
     launch = dict(num_warps=num_warps, block_k=block_k, max_registers=max_registers)
     dq_cap = max_registers if dqkw_max_registers is None else dqkw_max_registers
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
@@ -302,6 +316,7 @@ def chunk_grads(
         num_warps=num_warps, block_k=block_k if dqkw_block_k is None else dqkw_block_k, max_registers=dq_cap,
         dk_part_dtype=dk_part_dtype,
     )
+    launch["block_k"] = block_k if wy_bwd_block_k is None else wy_bwd_block_k
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch,
         num_stages=wy_bwd_stages,

@@ -22,7 +22,7 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # Since the fifth session the default adds fastwy (with 2 warps, its own default) and bf16x3: all 15 GPU tests
 # of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
-DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16")
+DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16", "w16", "lowp_safe")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -81,6 +81,7 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd, fastwy or wyseries)
     "gwarps": ("grad_warps", (2, 4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "wystages": ("wy_bwd_stages", (1, 2, 3)),  # kslice only: software-pipelining depth of wy_bwd's loops
+    "wybk": ("wy_bwd_block_k", (16, 32, 64)),  # kslice only: wy_bwd's own K-slice width
     "gregs": ("grad_max_registers", (0, 128, 160, 168, 192)),  # kslice only: register cap, 0 = none
     "dqregs": ("dqkw_max_registers", (0, 128, 160, 168, 192)),  # kslice only: dqkw's alone (over gregs)
     # kslice only: dqkw's K-slice width. Offline (sm_90, Triton 3.6, K = 128, n_h = 2) 32 columns take dqkw
@@ -131,6 +132,7 @@ class GdpOptions:
     wy_warps: int | None = None
     grad_warps: int | None = None
     wy_bwd_stages: int | None = None
+    wy_bwd_block_k: int | None = None
     grad_max_registers: int | None = None
     dqkw_max_registers: int | None = None
     dqkw_block_k: int | None = None

@@ -22,6 +22,9 @@ from .test_gated_delta_product_triton import check_against_reference, make_input
 from .test_gated_delta_product_variants import FP16_TOL, check_poisoned
 
 ISSUE_TOL = (5e-3, 1e-2, 2e-2)
+# ``default`` as GdpOptions fields (options.DEFAULT_FLAGS)
+DEFAULT_OPTIONS = dict(save_states=True, fastwy=True, lowp_safe=True, bf16x3=True, kslice=True, wyseries=True,
+                       dkp16=True, w16=True)  # fmt: skip
 
 
 def variant_kernel(variant: str):
@@ -113,15 +116,13 @@ def test_variant_strings_parse_round_trip_and_refuse():
                               wy_warps=2, grad_warps=4)  # fmt: skip
     assert parse_options(opts.text()) == opts
     assert parse_options(opts.launch_text()) == GdpOptions(**{**opts.__dict__, "lowp": False})
-    assert parse_options("default").text() == "save_states+fastwy+bf16x3+kslice+wyseries+dkp16" \
-        == parse_options("").text()
+    default_text = "save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16"
+    assert parse_options("default").text() == default_text == parse_options("").text()
     assert parse_options("plain").text() == "plain"
-    assert parse_options("sbv=64") == GdpOptions(save_states=True, fastwy=True, bf16x3=True, kslice=True,
-                                                 wyseries=True, dkp16=True, state_block_v=64)
+    assert parse_options("sbv=64") == GdpOptions(**DEFAULT_OPTIONS, state_block_v=64)
     assert parse_options("plain+sbv=64").text() == "plain+sbv=64"
     assert parse_options("fastwy") == GdpOptions(fastwy=True)  # named flags replace the default ones
-    assert parse_options("default+lowp") == GdpOptions(save_states=True, fastwy=True, bf16x3=True,
-                                                       kslice=True, wyseries=True, dkp16=True, lowp=True)
+    assert parse_options("default+lowp") == GdpOptions(**DEFAULT_OPTIONS, lowp=True)
     for bad, message in [("fast", "unknown"), ("sbv=48", "bad"), ("sbv=x", "bad"), ("bv=64", "unknown"),
                          ("swarps=8", "illegal memory access"), ("sbv=32+swarps=8", "refused"),
                          ("sstages=1", "BV=32 and 1 stage"), ("sbv=32+sstages=1", "refused"),

@@ -101,9 +101,9 @@ def test_emulator_lowp_state_and_bf16x3_sites():
 # ---------------------------------------------------------------- lowp_safe
 def test_lowp_safe_parses():
     assert parse_options("lowp_safe") == GdpOptions(lowp_safe=True)
-    assert parse_options("default+lowp_safe") == GdpOptions(save_states=True, fastwy=True, bf16x3=True,
-                                                            kslice=True, wyseries=True, dkp16=True,
-                                                            lowp_safe=True)
+    assert parse_options("default+lowp_safe") == parse_options("default")  # in the default since session 11
+    assert parse_options("save_states+kslice+lowp_safe") == GdpOptions(save_states=True, kslice=True,
+                                                                       lowp_safe=True)  # fmt: skip
     assert parse_options("lowp_safe+sbv=64").launch_text() == "lowp_safe+sbv=64"
 
 
@@ -155,7 +155,8 @@ def test_lowp_safe_save_states_is_bitwise_the_recomputation():
 def test_lowp_state_and_bf16x3_parse():
     assert parse_options("lowp_state") == GdpOptions(lowp_state=True)
     assert parse_options("save_states+bf16x3+sbv=64").launch_text() == "bf16x3+sbv=64"
-    assert parse_options("default+sbv=64").launch_text() == "fastwy+bf16x3+kslice+wyseries+dkp16+sbv=64"
+    launch = "fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sbv=64"
+    assert parse_options("default+sbv=64").launch_text() == launch
     modes = [parse_options(v).wt_mode() for v in ("default", "save_states", "lowp_state", "bf16x3",
                                                    "lowp_state+bf16x3", "default+lowp_state")]  # fmt: skip
     assert modes == [3, 0, 1, 3, 1, 1]  # bf16x3 is in the default since the fifth session

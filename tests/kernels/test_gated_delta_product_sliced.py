@@ -19,8 +19,13 @@ from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequ
 from titan_delta_kernels.gated_delta_product.options import DEFAULT_FLAGS, GdpOptions, parse_options
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
 
-from .test_gated_delta_product_fast import ISSUE_TOL, variant_kernel
-from .test_gated_delta_product_triton import check_against_reference, make_inputs, random_cu_seqlens
+from .test_gated_delta_product_fast import DEFAULT_OPTIONS, ISSUE_TOL, variant_kernel
+from .test_gated_delta_product_triton import (
+    check_against_reference,
+    make_inputs,
+    random_cu_seqlens,
+    run_with_grads,
+)
 from .test_gated_delta_product_variants import FP16_TOL, check_poisoned
 
 KSLICE = "default+kslice"
@@ -105,8 +110,7 @@ def test_kslice_lowp_fp16_poisoned(monkeypatch):
 def test_kslice_flag_parses_and_switches_the_kernels(monkeypatch):
     assert "kslice" in DEFAULT_FLAGS
     opts = parse_options("default+kslice+gwarps=4")
-    assert opts == GdpOptions(save_states=True, fastwy=True, bf16x3=True, kslice=True, wyseries=True,
-                              dkp16=True, grad_warps=4)
+    assert opts == GdpOptions(**DEFAULT_OPTIONS, grad_warps=4)
     assert parse_options(opts.text()) == opts
     assert parse_options("default").kslice and not parse_options("save_states+fastwy+bf16x3").kslice
     calls = {"grads": 0, "sliced": 0}
@@ -265,3 +269,22 @@ def test_wy_bwd_launch_keys(monkeypatch):
     inputs = make_inputs(1, 23, 2, 16, 16, 2)
     check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(opts.text()))
     assert seen == [(1, 2)]
+    # the default depth: 3 where the K loops run more than once, 2 for one slice, 1 past K = 128
+    assert [grads_sliced.wy_bwd_num_stages(K, 64) for K in (64, 128, 256)] == [2, 3, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_h", [1, 2, 3])
+def test_gpu_wy_bwd_three_stages_agree_with_two(n_h):
+    """The default 3-stage wy_bwd at K = 128 against 2 stages on the same inputs: pipelining moves loads, not
+    sums, so the gradients must agree to fp32 rounding (a miscompiled pipeline, as seen for dqkw with a 16-bit
+    δ, would be off by percents)."""
+    inputs = make_inputs(2, 300, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0))
+    d_out = torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.float64)
+    d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
+    three = run_with_grads(variant_kernel("default"), inputs, n_h, None, d_out, d_final)
+    two = run_with_grads(variant_kernel("default+wystages=2"), inputs, n_h, None, d_out, d_final)
+    assert torch.equal(three[0], two[0])
+    for name in three[2]:
+        a, b = three[2][name].double(), two[2][name].double()
+        assert ((a - b).norm() / b.norm()).item() < 1e-5, name

@@ -17,7 +17,7 @@ import torch
 from titan_delta_kernels.gated_delta_product import cost, state
 from titan_delta_kernels.gated_delta_product._common import row_scaled_f16
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
-from titan_delta_kernels.gated_delta_product.options import parse_options
+from titan_delta_kernels.gated_delta_product.options import DEFAULT_FLAGS, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
@@ -28,9 +28,11 @@ from .test_gated_delta_product_fast import (
     chunked_inputs,
     variant_kernel,
 )
+from .test_gated_delta_product_lowp_error import GPU_CONFIGS, check_bf16_config
 from .test_gated_delta_product_triton import NAMES, check_against_reference, make_inputs, run_with_grads
 
-W16 = "default+w16"
+W16 = "default+w16"  # w16 is in the default since the eleventh session; the flag keeps the tests explicit
+NO_W16 = "+".join(f for f in DEFAULT_FLAGS if f != "w16")  # the default's other flags
 FP16_TOL = (5e-3, 1e-2, 2e-2)
 
 
@@ -55,7 +57,7 @@ def transform(n_h: int, gated: bool, T: int = 150, K: int = 32, V: int = 16):
 
 
 def test_flag_parses():
-    assert parse_options(W16).w16 and not parse_options("default").w16
+    assert parse_options(W16).w16 and parse_options("default").w16 and not parse_options(NO_W16).w16
     assert cost.STATE_FWD_BLOCK_V_ROW_SCALED == state.STATE_FWD_BLOCK_V_ROW_SCALED
 
 
@@ -151,7 +153,7 @@ def test_w16_close_to_default_fp16():
     inputs = make_inputs(1, 77, 2, 32, 32, 2, dtype=torch.float16)
     d_out = torch.randn(1, 77, 2, 32, dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, 2, None, d_out, d_final)
+    a = run_with_grads(variant_kernel(NO_W16), inputs, 2, None, d_out, d_final)
     b = run_with_grads(variant_kernel(W16), inputs, 2, None, d_out, d_final)
     assert rel(b[0], a[0]) < 2e-3 and rel(b[1], a[1]) < 2e-3
     for name in a[2]:
@@ -162,13 +164,13 @@ def test_w16_is_a_no_op_for_fp32():
     inputs = make_inputs(1, 23, 2, 16, 16, 2)
     d_out = torch.randn(1, 23, 2, 16, dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, 2, None, d_out, d_final)
+    a = run_with_grads(variant_kernel(NO_W16), inputs, 2, None, d_out, d_final)
     b = run_with_grads(variant_kernel(W16), inputs, 2, None, d_out, d_final)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert all(torch.equal(a[2][n], b[2][n]) for n in a[2])
 
 
-@pytest.mark.parametrize("options", ["default+w16", "default"])
+@pytest.mark.parametrize("options", ["default+w16", NO_W16])
 def test_custom_op_outputs_and_fake(options):
     """W and U fp16 with [B, L, H] fp32 scales under w16 (empty scales otherwise); the fake agrees."""
     inputs = make_inputs(1, 10, 2, 16, 32, 3, num_seqs=2, dtype=torch.float16)
@@ -207,14 +209,22 @@ def test_gpu_w16_far_from_unit_scale(scale):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n_h", "K"), [(2, 128), (3, 64)])
-def test_gpu_w16_against_default(n_h, K):
+def test_gpu_w16_against_fp32_w_and_u(n_h, K):
     """On the GPU W·S is a tf32 product either way, whose W operand keeps fp16's 11 bits: o and the final
     state move by ties and U's fp16 rounding only (far below the bf16 output's own rounding)."""
     inputs = make_inputs(2, 513, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
     d_out = torch.randn(2, 513, 4, K, device="cuda", dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, n_h, None, d_out, d_final)
+    a = run_with_grads(variant_kernel(NO_W16), inputs, n_h, None, d_out, d_final)
     b = run_with_grads(variant_kernel(W16), inputs, n_h, None, d_out, d_final)
     assert rel(b[0], a[0]) < 2e-3 and rel(b[1], a[1]) < 1e-3
     for name in a[2]:
         assert rel(b[2][name], a[2][name]) < 5e-3, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n_h", "T", "K", "gated", "gate_range", "dg_floor"), GPU_CONFIGS)
+def test_gpu_default_hard_configs(n_h, T, K, gated, gate_range, dg_floor):
+    """The default (w16 with lowp_safe since the eleventh session) on the configurations where lowp failed the
+    issue's tolerances: no gate at K = 64 (n_h = 2 and 4), gates near 1 at K = 128, and a control."""
+    check_bf16_config("default", n_h, T, K, gated, gate_range, dg_floor)

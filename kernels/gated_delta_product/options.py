@@ -28,7 +28,11 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
 # in the forward state pass; with lowp_safe the final state is the default's and o stays ~20% inside the
 # tolerance in the 3 tests lowp failed. Its four GPU tests passed on an H200 (docs/benchmarks.md, 2026-11-21
-# 18:24 UTC); opt-in. (∂L/∂δ and ∂L/∂W are now stored in k's dtype by every variant: ninth session.)
+# 18:24 UTC). (∂L/∂δ and ∂L/∂W are now stored in k's dtype by every variant: ninth session.) In the default
+# since the eleventh session (with w16, below): what it still stores in 16 bits (δ and the local ∂L/∂δ)
+# took fwd+bwd 3.259 -> 3.198 ms at [4,4096,16,128], n_h = 2 and 2.447 -> 2.296 ms at [8,2048,16,64], n_h = 3
+# on an H200, and the default path's tests and lowp's three failed configurations passed with it (GPU,
+# docs/benchmarks.md, GDP, eleventh session).
 # lowp_state: W and U stay fp32 (stored as by default), only state_bwd's product Wᵀ·dδ takes operands rounded
 # to the input dtype in registers (fp32 accumulation). lowp's 3.4x faster state_bwd (1.226 -> 0.357 ms on an
 # H200 at [4,4096,16,128], n_h = 2) came from this product's operand layout, not from bytes: a tf32 wgmma
@@ -72,7 +76,11 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # is the default's (up to ties and rows' entries 2^28 below their largest). U enters δ = U − W S, which every
 # reader rounds to 11 bits (tf32) or less; fp16 adds 2^-12 of U, an eighth of the bf16 rounding of T diag(β)
 # before it meets V. No reduction joins a chunk's critical path (unlike ws16): the scales come from the
-# transform, which runs in parallel over chunks.
+# transform, which runs in parallel over chunks. In the default since the eleventh session, with lowp_safe.
+# H200, fwd+bwd: [4,4096,16,128] n_h = 2 3.259 (default before) / 3.190 (w16) / 3.198 (lowp_safe) / 3.071 ms
+# (both), n_h = 3 4.813 / 4.820 / 4.757 / 4.660 ms; the transform 0.482 -> 0.442 ms and the reverse pass
+# 0.583 -> 0.484 ms, while the forward pass got slower at 32 columns (0.431 -> 0.493 ms: W is widened in
+# registers), hence its 64-column tiles at K <= 64 (state.STATE_FWD_BLOCK_V_ROW_SCALED).
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

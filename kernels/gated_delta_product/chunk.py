@@ -15,9 +15,10 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
 * ``lowp``: W, U, δ and the backward's per-step intermediates are stored in the input dtype (bf16 in
   training, as FLA does) and the state passes and S·δ products multiply in it: half the bytes of those
   tensors, less shared memory and fewer registers; results move at rounding level (identical for fp32).
-* ``lowp_safe`` (an ``options`` flag): ``lowp`` without W and U: δ and the backward's per-step
-  intermediates in the input dtype, W and U in fp32 and so the state passes' products as by default
-  (they follow W's dtype). With ``lowp`` on as well, ``lowp`` wins.
+* ``lowp_safe`` (an ``options`` flag, in the default since the eleventh session): ``lowp`` without W and U:
+  δ and the backward's per-step intermediates in the input dtype, W and U as without it (fp32, or row-scaled
+  fp16 with ``w16``) and so the state passes' products as by default. With ``lowp`` on as well, ``lowp``
+  wins.
 * ``lowp_state`` / ``bf16x3`` (``options`` flags): storage as by default (or as lowp_safe's), only
   state_bwd's Wᵀ·dδ changes operands: rounded to the input dtype (lowp_state), or split into three bf16
   products (bf16x3, tighter than the default's tf32). Either keeps lowp's fast state_bwd, whose speed came
@@ -26,9 +27,9 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
   streamed in slices, fewer registers) instead of ``grads.py``; same results up to fp32 rounding.
 * ``dkp16`` (an ``options`` flag, in the default): the direct dk that dqkw hands to wy_bwd is stored in k's
   dtype rather than δ's.
-* ``w16`` (an ``options`` flag, for 16-bit inputs without ``lowp`` or ``wplanes``): W and U in fp16 with one
-  power-of-two scale per row; the forward returns the scales as two more outputs (empty otherwise) and the
-  backward takes W's (and U's, when it recomputes the states).
+* ``w16`` (an ``options`` flag, in the default since the eleventh session, for 16-bit inputs without ``lowp``
+  or ``wplanes``): W and U in fp16 with one power-of-two scale per row; the forward returns the scales as
+  two more outputs (empty otherwise) and the backward takes W's (and U's, when it recomputes the states).
 """
 
 from __future__ import annotations

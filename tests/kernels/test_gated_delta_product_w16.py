@@ -133,8 +133,10 @@ def test_bad_scales_are_refused():
         state_fwd(x["k"], w16, u16, x["g"], None, geo, seqs, w_scale=w_scale)
 
 
-@pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 70, True), (2, 45, False), (3, 50, True), (4, 33, True)])
+@pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 70, True), (2, 45, False), (3, 50, True), (4, 33, True),
+                                                 (5, 37, True)])  # fmt: skip
 def test_w16_matches_reference_fp16(n_h, T, gated):
+    """n_h = 5 takes 128-step blocks: wy_fwd's fp32 W and U are scaled after it (row_scaled_f16)."""
     inputs = make_inputs(2, T, 2, 32, 16, n_h, dtype=torch.float16, gated=gated)
     check_against_reference(inputs, n_h, None, *FP16_TOL, kernel=variant_kernel(W16))
 

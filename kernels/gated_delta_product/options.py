@@ -64,7 +64,8 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # significands at half the bytes. The GPU tests passed, but the scales' reductions sit on each chunk's
 # critical path: on an H200 state_fwd went 0.430 -> 0.623 ms (ws16), 0.648 (kd16), 0.828 (both) at
 # [4,4096,16,128], n_h = 2, and wd16's state_bwd was level there (0.584 -> 0.578) and slower at n_h = 3
-# (0.760 -> 0.852 ms) (docs/benchmarks.md, GDP, tenth session).
+# (0.760 -> 0.852 ms) (docs/benchmarks.md, GDP, tenth session). ws16 needs fp32 W: with w16 (in the default
+# since the eleventh session) W·S is the row-scaled tf32 product, so ws16 is `default` without w16 plus ws16.
 # dkp16 (default since the tenth session): dqkw's direct dk, which wy_bwd adds to its own dk terms in fp32, is
 # stored in k's dtype instead of fp32 (dk moves by ~2.4e-3 relative, a bf16 rounding). On an H200 fwd+bwd went
 # 3.311 -> 3.259 ms at [4,4096,16,128] n_h = 2, 4.982 -> 4.822 ms at n_h = 3, 1.669 -> 1.569 ms at

@@ -309,7 +309,8 @@ def state_fwd(
     the products of the pass follow W's dtype either way (fp32 for W as planes, ``split_planes``).
 
     ``fwd16`` (0-3, the kernel's ``FWD16`` bits: 1 W·S, 2 Kᵀδ) takes scaled fp16 operands for those products;
-    only for fp32 W from 16-bit inputs, as ``state_bwd``'s ``wt_mode``.
+    only for 16-bit inputs, as ``state_bwd``'s ``wt_mode``; bit 1 only for fp32 W (with row-scaled W, W·S is
+    that storage's own tf32 product).
 
     ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
     power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
@@ -336,7 +337,7 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=0 if row_scaled else fwd16,
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16 & 2 if row_scaled else fwd16,
         ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state

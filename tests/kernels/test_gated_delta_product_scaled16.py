@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titan_delta_kernels.gated_delta_product.options import parse_options
+from titan_delta_kernels.gated_delta_product.options import DEFAULT_FLAGS, parse_options
 from titan_delta_kernels.gated_delta_product.output import dv_local
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
@@ -28,7 +28,9 @@ from .test_gated_delta_product_fast import (
 )
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, run_with_grads
 
-ALL16 = "default+ws16+kd16+wd16"
+# The scaled products act on fp32 W: the default's flags without w16 (in the default since session 11).
+FP32_W = "+".join(f for f in DEFAULT_FLAGS if f != "w16")
+ALL16 = FP32_W + "+ws16+kd16+wd16"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -105,7 +107,7 @@ def test_all16_is_a_no_op_for_fp32():
     inputs = make_inputs(1, 23, 2, 16, 16, 2)
     d_out = torch.randn(1, 23, 2, 16, dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, 2, None, d_out, d_final)
+    a = run_with_grads(variant_kernel(FP32_W), inputs, 2, None, d_out, d_final)
     b = run_with_grads(variant_kernel(ALL16), inputs, 2, None, d_out, d_final)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert all(torch.equal(a[2][n], b[2][n]) for n in a[2])
@@ -113,7 +115,7 @@ def test_all16_is_a_no_op_for_fp32():
 
 # ---------------------------------------------------------------- GPU tests (real shapes, bf16)
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [ALL16, "default+ws16", "default+kd16", "default+wd16"])
+@pytest.mark.parametrize("variant", [ALL16, FP32_W + "+ws16", FP32_W + "+kd16", FP32_W + "+wd16"])
 @pytest.mark.parametrize(("n_h", "K"), [(1, 128), (2, 64), (3, 128)])
 def test_gpu_scaled16_bf16_matches_reference(variant, n_h, K):
     check_gpu_bf16(variant, n_h, K)

@@ -51,6 +51,15 @@ def check_gpu_bf16(variant: str, n_h: int, K: int) -> None:
     check_against_reference(inputs, n_h, None, *ISSUE_TOL, kernel=variant_kernel(variant))
 
 
+def check_gpu_far_from_unit_scale(variant: str, scale: float) -> None:
+    """A variant in bf16 on the GPU with v (and so U, δ, the states and ∂L/∂δ) scaled far from 1, where fp16
+    storage without per-row or per-column scales would lose or overflow ([2, 257, 4, 128], n_h = 2)."""
+    inputs = make_inputs(2, 257, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
+    inputs["v"] = (inputs["v"].float() * scale).to(torch.bfloat16)
+    inputs["initial_state"] = inputs["initial_state"] * scale
+    check_against_reference(inputs, 2, None, *ISSUE_TOL, kernel=variant_kernel(variant))
+
+
 def check_gpu_varlen_and_gate_extremes(variant: str) -> None:
     """A variant in bf16 on the GPU: five documents (one of a single token) at n_h = 3, then log gates near 0
     and below −30 at n_h = 2, K = V = 128, at the issue's tolerances."""

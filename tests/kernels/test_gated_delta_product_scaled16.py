@@ -22,6 +22,7 @@ from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
 from .test_gated_delta_product_fast import (
     check_gpu_bf16,
+    check_gpu_far_from_unit_scale,
     check_gpu_varlen_and_gate_extremes,
     chunked_inputs,
     variant_kernel,
@@ -129,8 +130,4 @@ def test_gpu_scaled16_varlen_and_gate_extremes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale", [1e-6, 1e4])
 def test_gpu_scaled16_far_from_unit_scale(scale):
-    """v (and so U, δ, the states and ∂L/∂δ) far from 1: fp16 without the scales would lose or overflow."""
-    inputs = make_inputs(2, 257, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
-    inputs["v"] = (inputs["v"].float() * scale).to(torch.bfloat16)
-    inputs["initial_state"] = inputs["initial_state"] * scale
-    check_against_reference(inputs, 2, None, 5e-3, 1e-2, 2e-2, kernel=variant_kernel(ALL16))
+    check_gpu_far_from_unit_scale(ALL16, scale)

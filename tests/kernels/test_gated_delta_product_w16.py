@@ -24,6 +24,7 @@ from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
 from .test_gated_delta_product_fast import (
     check_gpu_bf16,
+    check_gpu_far_from_unit_scale,
     check_gpu_varlen_and_gate_extremes,
     chunked_inputs,
     variant_kernel,
@@ -201,11 +202,7 @@ def test_gpu_w16_varlen_and_gate_extremes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale", [1e-6, 1e4])
 def test_gpu_w16_far_from_unit_scale(scale):
-    """v (and so U, δ, the states) far from 1: fp16 without the row scales would lose or overflow."""
-    inputs = make_inputs(2, 257, 4, 128, 128, 2, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
-    inputs["v"] = (inputs["v"].float() * scale).to(torch.bfloat16)
-    inputs["initial_state"] = inputs["initial_state"] * scale
-    check_against_reference(inputs, 2, None, *FP16_TOL, kernel=variant_kernel(W16))
+    check_gpu_far_from_unit_scale(W16, scale)
 
 
 @pytest.mark.gpu

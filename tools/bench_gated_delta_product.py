@@ -93,7 +93,7 @@ def bench(fn) -> tuple[float | None, str]:
 def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> SimpleNamespace:
     """Realistic inputs of every stage: the previous stages run once, their outputs feed the next (W, U in
     the input dtype with lowp; δ and the local ∂L/∂δ also with lowp_safe, as chunk.py stores them)."""
-    from titan_delta_kernels.gated_delta_product import grads, output, state, wy_fwd
+    from titan_delta_kernels.gated_delta_product import chunk, grads, output, state, wy_fwd
     from titan_delta_kernels.gated_delta_product._common import (
         chunk_geometry,
         row_scaled_f16,
@@ -109,9 +109,9 @@ def stage_inputs(B: int, T: int, H: int, D: int, n_h: int, opts: GdpOptions) -> 
     t.inter = t.q.dtype if opts.lowp else torch.float32
     t.small = t.q.dtype if opts.lowp or opts.lowp_safe else torch.float32
     t.t_inv, t.w, t.u = wy_fwd.wy_fwd(t.k, t.v, t.beta, t.g, t.geo, t.seqs, t.inter)
-    t.planes = opts.wplanes and not opts.lowp  # as chunk._planes for these bf16 inputs
+    t.planes = chunk._planes(t.k, opts.lowp, opts)  # the custom op's own storage rules
     t.w = state.split_planes(t.w) if t.planes else t.w
-    t.row_scaled = opts.w16 and not opts.lowp and not t.planes  # as chunk._row_scaled for bf16 inputs
+    t.row_scaled = chunk._row_scaled(t.k, opts.lowp, opts)
     t.scales = {}
     if t.row_scaled:
         (t.w, w_scale), (t.u, u_scale) = row_scaled_f16(t.w), row_scaled_f16(t.u)

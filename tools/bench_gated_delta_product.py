@@ -139,7 +139,7 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
         wy_series,
     )
 
-    launch = chunk._state_launch(opts)
+    fwd_at, bwd_at = chunk._state_launch(opts, forward=True), chunk._state_launch(opts, forward=False)
     nw = opts.grad_warps
     transform = wy_fast.wy_fwd_fast if opts.fastwy else wy_fwd.wy_fwd
     transform = wy_series.wy_fwd_series if opts.wyseries else transform
@@ -156,13 +156,13 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
         wy_kw = dict(w_planes=t.planes, row_scaled=t.row_scaled)
     return {
         "wy_fwd": lambda: transform(k, v, b, g, geo, seqs, t.inter, opts.wy_warps, **wy_kw),
-        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **launch, delta_dtype=t.small,
+        "state_fwd": lambda: state.state_fwd(k, t.w, t.u, g, None, geo, seqs, **fwd_at, delta_dtype=t.small,
                                              fwd16=opts.fwd16(), **t.scales),
         "output_fwd": lambda: output.output_fwd(q, k, g, t.vn, t.hs, scale, geo, seqs, opts.output_block_k,
-                                                opts.output_block_v),
+                                                opts.output_block_v, transposed=opts.otrans),
         "dv_local": lambda: output.dv_local(q, k, g, t.d_out, scale, geo, seqs, t.small,
                                             opts.dv_local_block_v),
-        "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **launch,
+        "state_bwd": lambda: state.state_bwd(q, k, t.w, g, t.d_out, None, t.dvl, scale, geo, seqs, **bwd_at,
                                              wt_mode=opts.wt_mode(), **t.bwd_scale),
         "dqkw": lambda: gmod.dqkw(q, k, g, t.vn, t.hs, t.dhs, t.dd, t.d_out, scale, geo, seqs, nw, **dqkw_kw,
                                   dk_part_dtype=t.dkp.dtype),

@@ -420,7 +420,9 @@ def variants(use_tf32: bool) -> list[tuple[str, Rounding]]:
              ("(f') lowp_safe+lowp_state", Rounding(LOWP_SAFE | LOWP_STATE, use_tf32)),
              ("(g) bf16x3: default + Wᵀ·dδ of state_bwd as 3 bf16 products", Rounding(frozenset(), use_tf32,
                                                                                    bf16x3=True)),
-             ("(g') lowp_safe+bf16x3", Rounding(LOWP_SAFE, use_tf32, bf16x3=True))]  # fmt: skip
+             ("(g') lowp_safe+bf16x3", Rounding(LOWP_SAFE, use_tf32, bf16x3=True)),
+             ("(h) lowp_safe+bf16x3 + Kᵀδ of state_fwd in bf16 (FLA's state update)",
+              Rounding(LOWP_SAFE | {"delta_upd"}, use_tf32, bf16x3=True))]  # fmt: skip
     rows += [(f"(d) default + only {s} bf16", Rounding(frozenset({s}), use_tf32)) for s in SITES]
     return rows
 

@@ -90,6 +90,20 @@ def _usage(kernel: CompiledKernel, cuobjdump: str) -> str:
             f"blocks/SM {min(by_regs, by_smem, 2048 // threads)} (regs {by_regs}, smem {by_smem})")
 
 
+def _dump(kernel: CompiledKernel, stem: str, cuobjdump: str) -> None:
+    """Writes the kernel's TTGIR, PTX and SASS next to ``stem`` (to read what a change did to the loop)."""
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    for kind in ("ttgir", "ptx"):
+        with open(f"{stem}.{kind}", "w") as f:
+            f.write(kernel.asm[kind])
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    with open(f"{stem}.sass", "w") as f:
+        f.write(sass)
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.lower().split("x"))
@@ -128,6 +142,7 @@ def main() -> None:
     parser.add_argument("--variant", default="", help="kernel variant string of the family")
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90a")
+    parser.add_argument("--dump", default="", help="folder to write each kernel's TTGIR, PTX and SASS into")
     args = parser.parse_args()
     if len(args.shape) != 4:
         raise SystemExit(f"--shape: expected four sizes BxTxHxD, got {args.shape}")
@@ -148,6 +163,8 @@ def main() -> None:
         seen.add(key)
         flags = " ".join(f"{k}={v}" for k, v in constexprs.items() if not isinstance(v, str) or len(v) < 12)
         print(f"{name:28s} {_usage(kernel, cuobjdump)}\n    {flags}", flush=True)
+        if args.dump:
+            _dump(kernel, os.path.join(args.dump, f"{name}_{len(seen)}"), cuobjdump)
 
 
 if __name__ == "__main__":

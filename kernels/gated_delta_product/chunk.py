@@ -97,9 +97,10 @@ def gdp_chunk_fwd(
             (w, w_scale), (u, u_scale) = row_scaled_f16(w), row_scaled_f16(u)
     chunk_states, v_new, final_state = state_fwd(
         k, w, u, g, initial_state, geo, seqs, delta_dtype=_inter_dtype(k, lowp or opts.lowp_safe),
-        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **_state_launch(opts),
+        fwd16=opts.fwd16(), w_scale=w_scale, u_scale=u_scale, **_state_launch(opts, forward=True),
     )  # fmt: skip
-    o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v)
+    o = output_fwd(q, k, g, v_new, chunk_states, scale, geo, seqs, opts.output_block_k, opts.output_block_v,
+                   transposed=opts.otrans)  # fmt: skip
     if w_scale is None or u_scale is None:  # two distinct empties: custom-op outputs must not alias
         w_scale, u_scale = k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.float32)
     return o, final_state, t_inv, w, u, chunk_states, v_new, w_scale, u_scale
@@ -159,7 +160,6 @@ def gdp_chunk_bwd(
     dtype with ``lowp_safe``; row-scaled fp16 W (``w_scale`` given, ``w16``) counts as fp32.
     """
     opts = parse_options(options)
-    launch = _state_launch(opts)
     geo = chunk_geometry(num_householder)
     seqs = sequence_layout(q.shape[0], q.shape[1], cu_seqlens, geo, q.device)
     d_out = d_out.contiguous()
@@ -170,12 +170,12 @@ def gdp_chunk_bwd(
             raise ValueError("gdp_chunk_bwd needs U, or the chunk states and δ saved by the forward")
         chunk_states, v_new, _ = state_fwd(
             k, w, u, g, initial_state, geo, seqs, delta_dtype=inter, fwd16=opts.fwd16(), w_scale=w_scale,
-            u_scale=u_scale, **launch,
+            u_scale=u_scale, **_state_launch(opts, forward=True),
         )  # fmt: skip
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, inter_dtype=inter, block_v=opts.dv_local_block_v)
     d_chunk_states, d_delta, d_h0 = state_bwd(
         q, k, w, g, d_out, None if d_final is None else d_final.contiguous(), d_vlocal, scale, geo, seqs,
-        **launch, wt_mode=opts.wt_mode(), w_scale=w_scale,
+        **_state_launch(opts, forward=False), wt_mode=opts.wt_mode(), w_scale=w_scale,
     )
     grad_args = (q, k, v, g, beta, t_inv, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo,
                  seqs, opts.grad_warps)
@@ -231,9 +231,14 @@ def _backward(ctx, d_out, d_final, *_internal_grads):
     return dq, dk, dv, (None if g is None else dg), dbeta, d_init, None, None, None, None, None, None
 
 
-def _state_launch(opts: GdpOptions) -> dict:
-    """Launch overrides of both sequential state passes (None keeps a default)."""
-    return dict(block_v=opts.state_block_v, num_warps=opts.state_warps, num_stages=opts.state_stages)
+def _state_launch(opts: GdpOptions, forward: bool) -> dict:
+    """Launch overrides of one of the sequential state passes (None keeps a default)."""
+    stages = opts.state_fwd_stages if forward else opts.state_bwd_stages
+    stages = stages or opts.state_stages
+    launch = dict(block_v=opts.state_block_v, num_warps=opts.state_warps, num_stages=stages)
+    if forward:
+        return launch | dict(lean=opts.sflean, lean_s16=opts.sfs16, lean_kd16=opts.sfkd16)
+    return launch | dict(lean=opts.sblean, lean_w16=opts.sbw16)
 
 
 def _planes(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:

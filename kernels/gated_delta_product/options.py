@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16")
+         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16", "sflean", "sfs16", "sfkd16",
+         "sblean", "sbw16", "otrans")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -87,6 +88,8 @@ LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
     "swarps": ("state_warps", (2, 4, 8)),  # warps of both state passes
     "sstages": ("state_stages", (1, 2, 3)),  # software-pipelining depth of the state passes' chunk loop
+    "sfstages": ("state_fwd_stages", (1, 2, 3, 4)),  # the forward state pass's alone (over sstages)
+    "sbstages": ("state_bwd_stages", (1, 2, 3, 4)),  # the reverse state pass's alone (over sstages)
     "wywarps": ("wy_warps", (1, 2, 4, 8)),  # warps of the forward UT transform (wy_fwd, fastwy or wyseries)
     "gwarps": ("grad_warps", (2, 4, 8)),  # warps of the gradient kernels dqkw and wy_bwd (both variants)
     "wystages": ("wy_bwd_stages", (1, 2, 3)),  # kslice only: software-pipelining depth of wy_bwd's loops
@@ -135,9 +138,17 @@ class GdpOptions:
     wd16: bool = False
     dkp16: bool = False
     w16: bool = False
+    sflean: bool = False
+    sfs16: bool = False
+    sfkd16: bool = False
+    sblean: bool = False
+    sbw16: bool = False
+    otrans: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None
+    state_fwd_stages: int | None = None
+    state_bwd_stages: int | None = None
     wy_warps: int | None = None
     grad_warps: int | None = None
     wy_bwd_stages: int | None = None
@@ -211,8 +222,9 @@ def parse_options(text: str) -> GdpOptions:
         if eq:
             values[LAUNCH_KEYS[key][0]] = int(value)
     opts = GdpOptions(**values)
+    # Every known-bad combination broke the reverse pass, so its own stage count is the one checked.
     effective = dict(state_block_v=opts.state_block_v or STATE_BLOCK_V_DEFAULT, state_warps=opts.state_warps,
-                     state_stages=opts.state_stages)  # fmt: skip
+                     state_stages=opts.state_bwd_stages or opts.state_stages)  # fmt: skip
     for combo, why in KNOWN_BAD.items():
         if all(effective.get(name) == value for name, value in combo):
             raise ValueError(f"variant {text!r} is refused: {why}")

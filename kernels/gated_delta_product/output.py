@@ -86,6 +86,54 @@ def output_fwd_kernel(
 
 
 @triton.jit
+def output_fwd_t_kernel(
+    q, k, g, v_new, chunk_states, o,
+    cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """``output_fwd_kernel`` transposed (the ``otrans`` variant): oᵀ = e^{Gq}·Sᵀqᵀ + δᵀ·scoresᵀ. The rows of
+    every product are V columns or steps (≥ 64), so all three are warp-group MMAs; the direct form's rows are
+    the C ≤ 32 query tokens, below the 64 rows of a warp-group MMA (Triton falls back to mma.sync there)."""
+    i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
+    tok0 = bos + i_c * C
+    if tok0 >= eos:
+        return
+    n_tok = tl.minimum(C, eos - tok0)
+    o_s = tl.arange(0, BT)
+    o_t = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_s = o_s < n_tok * NH
+    m_t = o_t < n_tok
+    m_k = o_k < K
+    m_v = o_v < V
+    rows = (tok0.to(tl.int64) * NH + o_s) * H + i_h
+    q_rows = (tok0.to(tl.int64) + o_t) * H + i_h
+    if IS_VARLEN:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+        chunk_id = i_c + tl.load(chunk_offsets + seq)
+    else:
+        chunk_id = i_chunk
+    h_base = (chunk_id.to(tl.int64) * H + i_h) * K * V
+    b_qt = tl.load(q + q_rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
+    b_ht = tl.load(chunk_states + h_base + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :],
+                   other=0.0)  # fmt: skip
+    b_oqt = tl.dot(b_ht.to(b_qt.dtype), b_qt)
+    b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+    G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
+    causal_t = ((o_s // NH)[:, None] <= o_t[None, :]) & m_t[None, :]
+    decay_t = tl.exp(tl.where(causal_t, Gq[None, :] - G[:, None], float("-inf")))
+    b_st = tl.dot(b_k, b_qt) * decay_t
+    b_dt = tl.load(v_new + rows[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_s[None, :], other=0.0)
+    # Scores meet δ in δ's dtype, as in output_fwd_kernel.
+    b_ot = b_oqt * tl.exp(Gq)[None, :] + tl.dot(b_dt, b_st.to(b_dt.dtype))
+    tl.store(o + q_rows[None, :] * V + o_v[:, None], (b_ot * scale).to(o.dtype.element_ty),
+             mask=m_v[:, None] & m_t[None, :])  # fmt: skip
+
+
+@triton.jit
 def dv_local_kernel(
     q, k, g, d_out, d_vlocal,
     cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
@@ -158,12 +206,15 @@ def output_fwd(
     seqs: SequenceLayout,
     block_k: int | None = None,
     block_v: int | None = None,
+    transposed: bool = False,
 ) -> torch.Tensor:
-    """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``)."""
+    """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``);
+    ``transposed`` (``otrans``): ``output_fwd_t_kernel``, all of K in one slice (``block_k`` is ignored)."""
     V = v_new.shape[-1]
     o = q.new_empty(*q.shape[:3], V)
-    _launch(output_fwd_kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
-            g is not None, block_k, block_v)  # fmt: skip
+    kernel = output_fwd_t_kernel if transposed else output_fwd_kernel
+    _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
+            g is not None, None if transposed else block_k, block_v)  # fmt: skip
     return o
 
 

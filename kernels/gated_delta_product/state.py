@@ -21,6 +21,8 @@ from titan_delta_kernels.gated_delta_product._common import (
     scaled_f16,
     sequence_bounds,
 )
+from titan_delta_kernels.gated_delta_product.state_bwd_lean import state_bwd_lean_kernel
+from titan_delta_kernels.gated_delta_product.state_lean import state_fwd_lean_kernel
 
 
 @triton.jit
@@ -243,6 +245,15 @@ def _stages(BK: int) -> int:
     return 3 if BK <= 64 else 2 if BK <= 128 else 1
 
 
+# The short-loop forward pass (``state_lean.py``) on an H200, ms at [4,4096,16,128], n_h = 3 / 2 / 1: the
+# default kernel 0.688 / 0.462 / 0.258; lean 0.649 / 0.432 / 0.245; lean with W·S in fp16 (``sfs16``) 0.642 /
+# 0.429 / 0.233, and with 3 pipeline stages 0.562 / 0.380 / 0.209 (95 KB of shared memory at K = 128: 2 blocks
+# still fit per SM). At [8,2048,16,64] (K = 64, 64-column tiles, 3 stages already) fp16 W·S was slower:
+# 0.190 -> 0.211 ms at n_h = 3 (docs/benchmarks.md, GDP, twelfth session), so ``sfs16`` acts from K = 128.
+LEAN_FWD_STAGES = 3
+LEAN_S16_MIN_K = 128
+
+
 def _split_dtype() -> tl.dtype:
     """bf16 for WT_MODE 3; fp16 under the CPU interpreter, whose bf16 tl.dot returns garbage (Triton 3.9: a
     16×16 product off by ~1e10) and whose fp32 -> bf16 cast does not round to nearest: there the tests can
@@ -301,6 +312,9 @@ def state_fwd(
     fwd16: int = 0,
     w_scale: torch.Tensor | None = None,
     u_scale: torch.Tensor | None = None,
+    lean: bool = False,
+    lean_s16: bool = False,
+    lean_kd16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
@@ -314,6 +328,13 @@ def state_fwd(
 
     ``w_scale`` and ``u_scale`` (both or neither; the ``w16`` variant): W and U are fp16 with one
     power-of-two scale per row, these [B, L, H] fp32 factors (``_common.row_scaled_f16``).
+
+    ``lean`` (the ``sflean`` variant) runs ``state_lean.state_fwd_lean_kernel`` (same results, less integer
+    work per chunk) where it applies: no planes, no ``fwd16`` product, K a power of two, V a multiple of the
+    V tile; elsewhere this kernel. With it, ``lean_s16`` (row-scaled W, K >= ``LEAN_S16_MIN_K``) multiplies
+    W·S in fp16, the state scaled per column by powers of two (``scaled_f16``); ``lean_kd16`` (16-bit k)
+    rounds the decayed δ to k's dtype for Kᵀδ (one 16-bit product, as FLA; a rounding the default does not
+    make). The lean kernel pipelines ``LEAN_FWD_STAGES`` chunks unless ``num_stages`` says otherwise.
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
@@ -329,6 +350,22 @@ def state_fwd(
     v_new = torch.empty_like(u, dtype=delta_dtype or (torch.float32 if row_scaled else u.dtype))
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
+    fwd16 = fwd16 & 2 if row_scaled else fwd16
+    if lean and fwd16 == 0 and not is_planes(w, k) and BK == K and V % BV == 0:
+        launch(
+            state_fwd_lean_kernel, grid,
+            k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
+            k if g is None else g, k if initial_state is None else initial_state,
+            chunk_states, v_new, final_state,
+            seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
+            H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+            BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
+            IS_VARLEN=seqs.is_varlen, ROW_SCALED=row_scaled,
+            S16=lean_s16 and row_scaled and K >= LEAN_S16_MIN_K,
+            KD16=lean_kd16 and k.dtype != torch.float32, num_warps=num_warps or STATE_NUM_WARPS,
+            num_stages=num_stages or LEAN_FWD_STAGES,
+        )  # fmt: skip
+        return chunk_states, v_new, final_state
     launch(
         state_fwd_kernel, grid,
         k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
@@ -337,7 +374,7 @@ def state_fwd(
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
         BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16 & 2 if row_scaled else fwd16,
+        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16,
         ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
     return chunk_states, v_new, final_state
@@ -359,6 +396,8 @@ def state_bwd(
     num_stages: int | None = None,
     wt_mode: int = 0,
     w_scale: torch.Tensor | None = None,
+    lean: bool = False,
+    lean_w16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
     [N,H,K,V] fp32).
@@ -376,6 +415,10 @@ def state_bwd(
 
     ``w_scale`` (the ``w16`` variant): W is fp16 with one power-of-two scale per row, these [B, L, H] fp32
     factors; the modes then act on W rebuilt in fp32.
+
+    ``lean`` (``sblean``) runs ``state_bwd_lean.state_bwd_lean_kernel`` (same results, less integer work per
+    chunk) where it applies (no planes, K a power of two, V a multiple of the V tile); with it ``lean_w16``
+    (row-scaled W only) takes Wᵀ·dδ as one fp16 product whatever ``wt_mode`` says.
     """
     if wt_mode not in WT_MODES:
         raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
@@ -392,6 +435,20 @@ def state_bwd(
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
+    if lean and not is_planes(w, k) and BK == K and V % BV == 0:
+        launch(
+            state_bwd_lean_kernel, grid,
+            q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
+            k if d_final is None else d_final, d_vlocal,
+            d_chunk_states, d_delta, d_h0,
+            seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
+            H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+            BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
+            IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(), ROW_SCALED=row_scaled,
+            W16=lean_w16 and row_scaled, num_warps=num_warps or STATE_NUM_WARPS,
+            num_stages=num_stages or _stages(BK),
+        )  # fmt: skip
+        return d_chunk_states, d_delta, d_h0
     launch(
         state_bwd_kernel, grid,
         q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,

@@ -1,8 +1,9 @@
 """Launch keys of the per-chunk output kernels (ninth session): output_fwd's K slice and V tile (``obk``,
-``obv``; it loops over K slices, one by default) and dv_local's V tile (``dbv``).
+``obv``; it loops over K slices, one by default) and dv_local's V tile (``dbv``); the transposed output
+kernel (``otrans``, twelfth session).
 
-CPU (interpreter): end to end against the fp64 oracle in fp32, odd T, documents (one empty), fp16.
-GPU: bf16 at the issue's tolerances.
+CPU (interpreter): end to end against the fp64 oracle in fp32, odd T, documents (one empty), fp16; ``otrans``
+against the direct kernel on the same δ and states. GPU: bf16 at the issue's tolerances.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from titan_delta_kernels.gated_delta_product.options import parse_options
+from titan_delta_kernels.gated_delta_product.output import output_fwd
+from titan_delta_kernels.gated_delta_product.state import state_fwd
+from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
-from .test_gated_delta_product_fast import ISSUE_TOL, check_gpu_bf16, variant_kernel
+from .test_gated_delta_product_fast import ISSUE_TOL, check_gpu_bf16, chunked_inputs, variant_kernel
 from .test_gated_delta_product_triton import check_against_reference, make_inputs
 
 
@@ -62,11 +66,35 @@ def test_output_tiles_varlen_fp16():
     check_against_reference(inputs, 2, cu, 5e-3, 1e-2, 2e-2, kernel=variant_kernel("default+obk=16"))
 
 
+@pytest.mark.parametrize(("n_h", "T", "K", "V", "dtype"), [
+    (1, 70, 32, 16, torch.float32), (2, 45, 64, 32, torch.float16), (3, 50, 32, 64, torch.float16),
+    (4, 33, 16, 32, torch.float32),
+])  # fmt: skip
+def test_transposed_output_matches_direct(n_h, T, K, V, dtype):
+    """The same δ and chunk states through both output kernels: o agrees to fp32 accumulation order (fp32)
+    or to o's own fp16 rounding, also on V tiles narrower than V."""
+    x, geo, seqs = chunked_inputs(2, T, n_h, K, V, dtype=dtype)
+    _, w, u = wy_fwd_series(x["k"], x["v"], x["beta"], x["g"], geo, seqs)
+    states, delta, _ = state_fwd(x["k"], w, u, x["g"], x["initial_state"], geo, seqs)
+    for block_v in (None, 16):
+        args = (x["q"], x["k"], x["g"], delta.to(dtype), states, 0.3, geo, seqs, None, block_v)
+        direct, transposed = output_fwd(*args), output_fwd(*args, transposed=True)
+        err = ((transposed.double() - direct.double()).norm() / direct.double().norm()).item()
+        assert err < (1e-6 if dtype == torch.float32 else 2e-3), (block_v, err)
+
+
+@pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 41, True), (3, 50, False)])
+def test_transposed_output_matches_reference_fp16(n_h, T, gated):
+    inputs = make_inputs(2, T, 2, 32, 32, n_h, dtype=torch.float16, gated=gated)
+    check_against_reference(inputs, n_h, None, 5e-3, 1e-2, 2e-2, kernel=variant_kernel("default+otrans"))
+
+
 # ---------------------------------------------------------------- GPU tests (real shapes, bf16)
 @pytest.mark.gpu
 @pytest.mark.parametrize(("variant", "n_h", "K"), [
     ("default+obk=64+dbv=128", 2, 128), ("default+obk=32+obv=128+dbv=128", 3, 64),
-    ("default+obk=64+obv=128", 2, 128), ("default+obv=128", 1, 128),
+    ("default+obk=64+obv=128", 2, 128), ("default+obv=128", 1, 128), ("default+otrans", 3, 128),
+    ("default+otrans", 3, 64), ("default+otrans", 1, 128),
 ])  # fmt: skip
 def test_gpu_output_tiles_bf16_match_reference(variant, n_h, K):
     check_gpu_bf16(variant, n_h, K)

@@ -176,6 +176,11 @@ def dv_local_kernel(
 # 0.227 ms and dv_local 0.213 -> 0.143 ms; 32 columns were slower (dv_local 0.355 ms), and output_fwd's K in
 # two 64-column slices too (0.282 ms) (docs/benchmarks.md, GDP 04:54 UTC, ninth session).
 OUTPUT_BLOCK_V = 128
+# The transposed output kernel on an H200 (ms, direct -> transposed): [4,4096,16,128] n_h = 3 0.305 -> 0.237,
+# n_h = 2 0.210 -> 0.170, n_h = 1 0.137 -> 0.136; [8,2048,16,64] n_h = 3 0.130 -> 0.113, n_h = 2 0.093 ->
+# 0.083, n_h = 1 0.067 -> 0.076 (docs/benchmarks.md, GDP, twelfth session). At n_h = 1 the token block has 64
+# rows, a warp-group MMA's own, so the direct kernel stays there.
+TRANSPOSED_MAX_TOKENS = 32
 
 
 def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
@@ -209,9 +214,13 @@ def output_fwd(
     transposed: bool = False,
 ) -> torch.Tensor:
     """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``);
-    ``transposed`` (``otrans``): ``output_fwd_t_kernel``, all of K in one slice (``block_k`` is ignored)."""
+    ``transposed`` (``otrans``): ``output_fwd_t_kernel`` where the token block has at most
+    ``TRANSPOSED_MAX_TOKENS`` rows (n_h >= 2) and there is a gate, all of K in one slice (``block_k`` is then
+    ignored). Without a gate it hit a CUDA illegal memory access on an H200 ([2, 301, 4, 64], n_h = 2; not
+    diagnosed), so the direct kernel runs there."""
     V = v_new.shape[-1]
     o = q.new_empty(*q.shape[:3], V)
+    transposed = transposed and geo.block_tokens <= TRANSPOSED_MAX_TOKENS and g is not None
     kernel = output_fwd_t_kernel if transposed else output_fwd_kernel
     _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
             g is not None, None if transposed else block_k, block_v)  # fmt: skip

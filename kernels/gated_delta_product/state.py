@@ -416,9 +416,9 @@ def state_bwd(
     ``w_scale`` (the ``w16`` variant): W is fp16 with one power-of-two scale per row, these [B, L, H] fp32
     factors; the modes then act on W rebuilt in fp32.
 
-    ``lean`` (``sblean``) runs ``state_bwd_lean.state_bwd_lean_kernel`` (same results, less integer work per
-    chunk) where it applies (no planes, K a power of two, V a multiple of the V tile); with it ``lean_w16``
-    (row-scaled W only) takes Wᵀ·dδ as one fp16 product whatever ``wt_mode`` says.
+    ``lean`` with ``lean_w16`` (``sblean+sbw16``) runs ``state_bwd_lean.state_bwd_lean_kernel``, with Wᵀ·dδ as
+    one fp16 product whatever ``wt_mode`` says, where it applies: row-scaled W, K a power of two, V a
+    multiple of the V tile; elsewhere this kernel.
     """
     if wt_mode not in WT_MODES:
         raise ValueError(f"wt_mode must be one of {tuple(WT_MODES)}, got {wt_mode}")
@@ -435,7 +435,7 @@ def state_bwd(
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
-    if lean and not is_planes(w, k) and BK == K and V % BV == 0:
+    if lean and lean_w16 and row_scaled and BK == K and V % BV == 0:
         launch(
             state_bwd_lean_kernel, grid,
             q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
@@ -444,8 +444,7 @@ def state_bwd(
             seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
             H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
             BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-            IS_VARLEN=seqs.is_varlen, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(), ROW_SCALED=row_scaled,
-            W16=lean_w16 and row_scaled, num_warps=num_warps or STATE_NUM_WARPS,
+            IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS,
             num_stages=num_stages or _stages(BK),
         )  # fmt: skip
         return d_chunk_states, d_delta, d_h0

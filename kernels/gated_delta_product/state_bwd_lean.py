@@ -1,16 +1,18 @@
-"""The reverse state pass with a short chunk loop (the ``sblean`` variant): ``state.state_bwd_kernel``'s
-algorithm with the per-chunk integer work taken out, as ``state_lean.py`` does for the forward pass.
+"""The reverse state pass with a short chunk loop and one fp16 Wᵀ·dδ (the ``sblean+sbw16`` variant, in the
+default since the twelfth session): ``state.state_bwd_kernel``'s algorithm for W stored as row-scaled fp16
+(``w16``), with the per-chunk integer work taken out, as ``state_lean.py`` does for the forward pass.
 
 * Tile offsets are int32 tensors built once; four scalar int64 bases move per chunk.
 * The partial chunk at a sequence's end (walked first: the pass runs backwards) takes the masked copy of the
   step; full chunks mask rows only where the 64-step block has padding rows (C·n_h < BT) and query rows only
   where the token block has padding tokens (C < BC): masks that do not change across chunks.
-* Each product is issued as soon as its operands exist, and the work that does not need its result follows it.
+* Wᵀ·dδ is one fp16 product instead of the default's three bf16 ones (``bf16x3``): W's row scales act along
+  the product's sum over steps, so they move onto dδ's rows, and dδ is scaled per column to fp16
+  (``scaled_f16``): tf32's 11 bits on both operands, as the default had before ``bf16x3``.
 
-With ``W16`` (``sbw16``: W stored as row-scaled fp16, ``w16``) the product Wᵀ·dδ is one fp16 product instead
-of the default's three bf16 ones: W's row scales act along the product's sum over steps, so they move onto
-dδ's rows, and dδ is scaled per column to fp16 (``scaled_f16``): tf32's 11 bits on both operands, as the
-default had before ``bf16x3``. Otherwise the results are bitwise ``state_bwd_kernel``'s.
+(A version that also ran the other Wᵀ·dδ modes was bitwise ``state_bwd_kernel`` under the CPU interpreter, but
+on an H200 its bf16x3 mode without a gate gave dk 18% off at [2, 301, 4, 64], n_h = 2 — not diagnosed — so
+only the fp16 product is here; docs/benchmarks.md, GDP, twelfth session.)
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ from titan_delta_kernels.gated_delta_product.state_lean import _load
 def _bwd_chunk_step(
     b_dh, q_c, k_c, w_c, ws_c, do_c, dvl_c, dd_c, dh_c, g, tok0, n_tok, i_h, H, scale,
     off_sk, off_ks, off_sv, off_kt, off_tv, off_kv, o_s, o_t,
-    NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr, WT_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr, ROW_SCALED: tl.constexpr, W16: tl.constexpr, PARTIAL: tl.constexpr,
+    NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr, PARTIAL: tl.constexpr,
     ROWS_FULL: tl.constexpr, TOKS_FULL: tl.constexpr,
 ):  # fmt: skip
     """One chunk, walked backwards: store ∂L/∂(state leaving it) and the total ∂L/∂δ; return ∂L/∂(state
@@ -42,30 +43,11 @@ def _bwd_chunk_step(
     b_qt = _load(q_c + off_kt, m_t[None, :], PARTIAL, TOKS_FULL)
     b_do = _load(do_c + off_tv, m_t[:, None], PARTIAL, TOKS_FULL)
     b_do = (b_do.to(tl.float32) * (scale * tl.exp(Gq))[:, None]).to(b_qt.dtype)
-    b_wt = _load(w_c + off_ks, m_s[None, :], PARTIAL, ROWS_FULL)
-    if ROW_SCALED:
-        w_scale = _load(ws_c + o_s * H, m_s, PARTIAL, ROWS_FULL)
+    b_wt = _load(w_c + off_ks, m_s[None, :], PARTIAL, ROWS_FULL)  # fp16 Wᵀ as stored
+    w_scale = _load(ws_c + o_s * H, m_s, PARTIAL, ROWS_FULL)
     b_dd += b_kdh * tl.exp(G_last - G)[:, None]
-    if W16:  # fp16 W as stored; its row scales (steps: the summed axis) applied to dδ's rows
-        dd16, d_unscale = scaled_f16(b_dd * w_scale[:, None], 0)
-        b_wdd = tl.dot(b_wt, dd16) * d_unscale[None, :]
-    else:
-        if ROW_SCALED:
-            b_wt = b_wt.to(tl.float32) * w_scale[None, :]
-        if WT_MODE == 1:
-            b_wdd = tl.dot(b_wt.to(b_k.dtype), b_dd.to(b_k.dtype))
-        elif WT_MODE == 3:
-            w_hi = b_wt.to(SPLIT_DTYPE)
-            w_lo = (b_wt.to(tl.float32) - w_hi.to(tl.float32)).to(SPLIT_DTYPE)  # the difference is exact
-            d_hi = b_dd.to(SPLIT_DTYPE)
-            d_lo = (b_dd - d_hi.to(tl.float32)).to(SPLIT_DTYPE)
-            b_wdd = tl.dot(w_lo, d_hi, tl.dot(w_hi, d_lo, tl.dot(w_hi, d_hi)))
-        elif WT_MODE == 4:
-            wt16, w_unscale = scaled_f16(b_wt.to(tl.float32), 1)
-            dd16, d_unscale = scaled_f16(b_dd, 0)
-            b_wdd = tl.dot(wt16, dd16) * w_unscale[:, None] * d_unscale[None, :]
-        else:
-            b_wdd = tl.dot(b_wt, b_dd.to(b_wt.dtype))
+    dd16, d_unscale = scaled_f16(b_dd * w_scale[:, None], 0)  # W's row scales onto dδ's rows
+    b_wdd = tl.dot(b_wt, dd16) * d_unscale[None, :]
     b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - b_wdd
     if PARTIAL or not ROWS_FULL:
         tl.store(dd_c + off_sv, b_dd.to(dd_c.dtype.element_ty), mask=m_s[:, None])
@@ -80,10 +62,9 @@ def state_bwd_lean_kernel(
     cu_seqlens, chunk_offsets, T, NT, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, WT_MODE: tl.constexpr,
-    SPLIT_DTYPE: tl.constexpr, ROW_SCALED: tl.constexpr, W16: tl.constexpr,
+    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """``state.state_bwd_kernel`` for W fp32, 16-bit or row-scaled fp16, K a power of two, BV dividing V."""
+    """``state.state_bwd_kernel`` for row-scaled fp16 W, K a power of two, BV dividing V."""
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -117,7 +98,7 @@ def state_bwd_lean_kernel(
             d_chunk_states + (h0_row + n_full * (H * K)) * V + i_v * BV,
             g, bos + n_full * C, n_tok_all - n_full * C, i_h, H, scale,
             off_sk, off_ks, off_sv, off_kt, off_tv, off_kv, o_s, o_t,
-            NH, BT, BC, USE_G, WT_MODE, SPLIT_DTYPE, ROW_SCALED, W16, True, ROWS_FULL, TOKS_FULL,
+            NH, BT, BC, USE_G, True, ROWS_FULL, TOKS_FULL,
         )  # fmt: skip
     for i_rev in range(0, n_full):
         i_c = n_full - 1 - i_rev
@@ -129,6 +110,6 @@ def state_bwd_lean_kernel(
             d_chunk_states + (h0_row + i_c * (H * K)) * V + i_v * BV,
             g, bos + i_c * C, C, i_h, H, scale,
             off_sk, off_ks, off_sv, off_kt, off_tv, off_kv, o_s, o_t,
-            NH, BT, BC, USE_G, WT_MODE, SPLIT_DTYPE, ROW_SCALED, W16, False, ROWS_FULL, TOKS_FULL,
+            NH, BT, BC, USE_G, False, ROWS_FULL, TOKS_FULL,
         )  # fmt: skip
     tl.store(d_h0 + state0 + off_kv, b_dh)

@@ -45,7 +45,11 @@ def test_output_tile_defaults(monkeypatch):
     inputs = make_inputs(1, 20, 2, 64, 128, 2)
     args = [inputs[n].requires_grad_() for n in ("q", "k", "v", "g", "beta")]
     variant_kernel("default")(*args, num_householder=2)[0].sum().backward()
-    assert seen == [("output_fwd_kernel", 1, 64, 128), ("dv_local_kernel", 1, 64, 128)]
+    assert seen == [("output_fwd_t_kernel", 1, 64, 128), ("dv_local_kernel", 1, 64, 128)]  # otrans at n_h = 2
+    seen.clear()  # without a gate (and at n_h = 1) the direct kernel: see output_fwd
+    args = [inputs[n].detach().requires_grad_() for n in ("q", "k", "v")]
+    variant_kernel("default")(*args, None, inputs["beta"], num_householder=2)[0].sum().backward()
+    assert seen[0] == ("output_fwd_kernel", 1, 64, 128)
 
 
 @pytest.mark.parametrize(("variant", "n_h", "T", "K"), [
@@ -70,9 +74,13 @@ def test_output_tiles_varlen_fp16():
     (1, 70, 32, 16, torch.float32), (2, 45, 64, 32, torch.float16), (3, 50, 32, 64, torch.float16),
     (4, 33, 16, 32, torch.float32),
 ])  # fmt: skip
-def test_transposed_output_matches_direct(n_h, T, K, V, dtype):
+def test_transposed_output_matches_direct(n_h, T, K, V, dtype, monkeypatch):
     """The same δ and chunk states through both output kernels: o agrees to fp32 accumulation order (fp32)
-    or to o's own fp16 rounding, also on V tiles narrower than V."""
+    or to o's own fp16 rounding, also on V tiles narrower than V (and at n_h = 1, where ``otrans`` keeps the
+    direct kernel by default: ``TRANSPOSED_MAX_TOKENS`` is lifted here)."""
+    from titan_delta_kernels.gated_delta_product import output
+
+    monkeypatch.setattr(output, "TRANSPOSED_MAX_TOKENS", 64)
     x, geo, seqs = chunked_inputs(2, T, n_h, K, V, dtype=dtype)
     _, w, u = wy_fwd_series(x["k"], x["v"], x["beta"], x["g"], geo, seqs)
     states, delta, _ = state_fwd(x["k"], w, u, x["g"], x["initial_state"], geo, seqs)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from titan_delta_kernels.gated_delta_product import state
-from titan_delta_kernels.gated_delta_product.options import parse_options
+from titan_delta_kernels.gated_delta_product.options import DEFAULT_FLAGS, parse_options
 from titan_delta_kernels.gated_delta_product.state import split_planes, state_fwd
 from titan_delta_kernels.gated_delta_product.wy_series import wy_fwd_series
 
@@ -29,8 +29,10 @@ from .test_gated_delta_product_fast import (
 from .test_gated_delta_product_lowp_error import GPU_CONFIGS, check_bf16_config
 from .test_gated_delta_product_triton import check_against_reference, make_inputs, run_with_grads
 
-LEAN = "default+sflean"
-LEAN_ALL = "default+sflean+sfs16"
+# The default without the short-loop forward pass (and its fp16 W·S), then with it: the flags under test.
+NO_LEAN = "+".join(f for f in DEFAULT_FLAGS if f not in ("sflean", "sfs16"))
+LEAN = NO_LEAN + "+sflean"
+LEAN_ALL = NO_LEAN + "+sflean+sfs16"
 FP16_TOL = (5e-3, 1e-2, 2e-2)
 
 
@@ -119,7 +121,7 @@ def test_lean_falls_back_where_it_does_not_apply(monkeypatch):
 
 def test_flags_parse_and_reach_the_pass():
     opts = parse_options(LEAN_ALL)
-    assert opts.sflean and opts.sfs16 and opts.w16
+    assert opts.sflean and opts.sfs16 and opts.w16 and not parse_options(NO_LEAN).sflean
     assert parse_options("default+sfstages=3+sbstages=2").state_fwd_stages == 3
     with pytest.raises(ValueError, match="refused"):
         parse_options("default+sbstages=1")  # the reverse pass's known-bad stage count, through its own key
@@ -168,12 +170,12 @@ def test_gpu_lean_hard_configs(config):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n_h", "K"), [(3, 128), (2, 64)])
 def test_gpu_lean_bitwise_default(n_h, K):
-    """The short loop changes addressing only: o, the final state and every gradient are bitwise the
-    default's on the GPU too (odd T: a partial chunk)."""
+    """The short loop changes addressing and order only: o, the final state and every gradient are bitwise
+    those of the general kernel on the GPU too (odd T: a partial chunk)."""
     inputs = make_inputs(2, 517, 4, K, K, n_h, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
     d_out = torch.randn(2, 517, 4, K, device="cuda", dtype=torch.float64)
     d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
-    a = run_with_grads(variant_kernel("default"), inputs, n_h, None, d_out, d_final)
+    a = run_with_grads(variant_kernel(NO_LEAN), inputs, n_h, None, d_out, d_final)
     b = run_with_grads(variant_kernel(LEAN), inputs, n_h, None, d_out, d_final)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert all(torch.equal(a[2][n], b[2][n]) for n in a[2])

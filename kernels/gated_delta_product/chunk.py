@@ -30,6 +30,9 @@ Variants (``save_states`` is on by default, ``lowp`` opt-in, ``plain`` turns bot
 * ``w16`` (an ``options`` flag, in the default since the eleventh session, for 16-bit inputs without ``lowp``
   or ``wplanes``): W and U in fp16 with one power-of-two scale per row; the forward returns the scales as
   two more outputs (empty otherwise) and the backward takes W's (and U's, when it recomputes the states).
+* ``sflean`` / ``sfs16`` / ``sbw16`` / ``otrans`` (``options`` flags, in the default since the twelfth
+  session): the short-loop state passes (``state_lean.py``, ``state_bwd_lean.py``) with their fp16 products,
+  and the transposed output kernel (``output.py``); see ``options.py``.
 """
 
 from __future__ import annotations
@@ -237,8 +240,8 @@ def _state_launch(opts: GdpOptions, forward: bool) -> dict:
     stages = stages or opts.state_stages
     launch = dict(block_v=opts.state_block_v, num_warps=opts.state_warps, num_stages=stages)
     if forward:
-        return launch | dict(lean=opts.sflean, lean_s16=opts.sfs16, lean_kd16=opts.sfkd16)
-    return launch | dict(lean=opts.sblean, lean_w16=opts.sbw16)
+        return launch | dict(lean=opts.sflean, lean_s16=opts.sfs16)
+    return launch | dict(lean_w16=opts.sbw16)
 
 
 def _planes(k: Tensor, lowp: bool, opts: GdpOptions) -> bool:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
-         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16", "sflean", "sfs16", "sfkd16",
-         "sblean", "sbw16", "otrans")
+         "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16", "sflean", "sfs16", "sbw16",
+         "otrans")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -24,7 +24,7 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # of the default path passed with them (test_gated_delta_product_triton.py, H200, 2026-11-21 19:42 UTC), and
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
 DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16", "w16", "lowp_safe",
-                 "sflean", "sfs16", "sblean", "sbw16", "otrans")
+                 "sflean", "sfs16", "sbw16", "otrans")
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state
@@ -84,6 +84,18 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # (both), n_h = 3 4.813 / 4.820 / 4.757 / 4.660 ms; the transform 0.482 -> 0.442 ms and the reverse pass
 # 0.583 -> 0.484 ms, while the forward pass got slower at 32 columns (0.431 -> 0.493 ms: W is widened in
 # registers), hence its 64-column tiles at K <= 64 (state.STATE_FWD_BLOCK_V_ROW_SCALED).
+# sflean, sfs16, sbw16, otrans (twelfth session, in the default). sflean: the forward state pass with a short
+# chunk loop (state_lean.py: int32 tile offsets built once, unmasked full chunks, each product issued before
+# the work that does not need it; bitwise the general kernel) and 3 pipeline stages. sfs16 (from K = 128):
+# its W·S in fp16, W as stored by w16 and the state scaled per column (scaled_f16): tf32's 11 bits, half the
+# chained MMA steps, no widening of W. sbw16: the reverse pass's short loop (state_bwd_lean.py) with Wᵀ·dδ as
+# one fp16 product (bf16x3's three before), for row-scaled W. otrans (gated, n_h >= 2): the output kernel
+# transposed, so that its products are warp-group MMAs (output.TRANSPOSED_MAX_TOKENS). H200, fwd+bwd ours
+# only: [4,4096,16,128] n_h = 3 4.542 -> 4.351 ms, n_h = 2 3.015 -> 2.881, n_h = 1 1.937 -> 1.832; the default
+# path's 15 GPU tests, lowp's failed configurations and the far-from-unit-scale checks passed
+# (docs/benchmarks.md, GDP, twelfth session). Without a gate otrans hit an illegal memory access and the lean
+# reverse pass's bf16x3 product gave wrong dk (both at [2,301,4,64], n_h = 2, not diagnosed): those cases take
+# the general kernels.
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -141,8 +153,6 @@ class GdpOptions:
     w16: bool = False
     sflean: bool = False
     sfs16: bool = False
-    sfkd16: bool = False
-    sblean: bool = False
     sbw16: bool = False
     otrans: bool = False
     state_block_v: int | None = None

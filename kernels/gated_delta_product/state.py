@@ -314,7 +314,6 @@ def state_fwd(
     u_scale: torch.Tensor | None = None,
     lean: bool = False,
     lean_s16: bool = False,
-    lean_kd16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ, final state [N,H,K,V] fp32).
 
@@ -332,9 +331,8 @@ def state_fwd(
     ``lean`` (the ``sflean`` variant) runs ``state_lean.state_fwd_lean_kernel`` (same results, less integer
     work per chunk) where it applies: no planes, no ``fwd16`` product, K a power of two, V a multiple of the
     V tile; elsewhere this kernel. With it, ``lean_s16`` (row-scaled W, K >= ``LEAN_S16_MIN_K``) multiplies
-    W·S in fp16, the state scaled per column by powers of two (``scaled_f16``); ``lean_kd16`` (16-bit k)
-    rounds the decayed δ to k's dtype for Kᵀδ (one 16-bit product, as FLA; a rounding the default does not
-    make). The lean kernel pipelines ``LEAN_FWD_STAGES`` chunks unless ``num_stages`` says otherwise.
+    W·S in fp16, the state scaled per column by powers of two (``scaled_f16``). The lean kernel pipelines
+    ``LEAN_FWD_STAGES`` chunks unless ``num_stages`` says otherwise.
     """
     if fwd16 not in (0, 1, 2, 3):
         raise ValueError(f"fwd16 must be 0..3 (bit 1: W·S, bit 2: Kᵀδ), got {fwd16}")
@@ -362,7 +360,7 @@ def state_fwd(
             BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
             IS_VARLEN=seqs.is_varlen, ROW_SCALED=row_scaled,
             S16=lean_s16 and row_scaled and K >= LEAN_S16_MIN_K,
-            KD16=lean_kd16 and k.dtype != torch.float32, num_warps=num_warps or STATE_NUM_WARPS,
+            num_warps=num_warps or STATE_NUM_WARPS,
             num_stages=num_stages or LEAN_FWD_STAGES,
         )  # fmt: skip
         return chunk_states, v_new, final_state
@@ -396,7 +394,6 @@ def state_bwd(
     num_stages: int | None = None,
     wt_mode: int = 0,
     w_scale: torch.Tensor | None = None,
-    lean: bool = False,
     lean_w16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
@@ -416,8 +413,8 @@ def state_bwd(
     ``w_scale`` (the ``w16`` variant): W is fp16 with one power-of-two scale per row, these [B, L, H] fp32
     factors; the modes then act on W rebuilt in fp32.
 
-    ``lean`` with ``lean_w16`` (``sblean+sbw16``) runs ``state_bwd_lean.state_bwd_lean_kernel``, with Wᵀ·dδ as
-    one fp16 product whatever ``wt_mode`` says, where it applies: row-scaled W, K a power of two, V a
+    ``lean_w16`` (``sbw16``) runs ``state_bwd_lean.state_bwd_lean_kernel`` (a short chunk loop with Wᵀ·dδ as
+    one fp16 product, whatever ``wt_mode`` says) where it applies: row-scaled W, K a power of two, V a
     multiple of the V tile; elsewhere this kernel.
     """
     if wt_mode not in WT_MODES:
@@ -435,7 +432,7 @@ def state_bwd(
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
-    if lean and lean_w16 and row_scaled and BK == K and V % BV == 0:
+    if lean_w16 and row_scaled and BK == K and V % BV == 0:
         launch(
             state_bwd_lean_kernel, grid,
             q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,

@@ -1,4 +1,4 @@
-"""The reverse state pass with a short chunk loop and one fp16 Wᵀ·dδ (the ``sblean+sbw16`` variant, in the
+"""The reverse state pass with a short chunk loop and one fp16 Wᵀ·dδ (the ``sbw16`` variant, in the
 default since the twelfth session): ``state.state_bwd_kernel``'s algorithm for W stored as row-scaled fp16
 (``w16``), with the per-chunk integer work taken out, as ``state_lean.py`` does for the forward pass.
 

@@ -44,7 +44,7 @@ def _chunk_step(
     b_h, k_c, w_c, u_c, ws_c, us_c, h_c, d_c, g, tok0, n_tok, i_h, H,
     off_sk, off_ks, off_sv, off_kv, o_s,
     NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr, ROW_SCALED: tl.constexpr,
-    S16: tl.constexpr, KD16: tl.constexpr, PARTIAL: tl.constexpr, ROWS_FULL: tl.constexpr,
+    S16: tl.constexpr, PARTIAL: tl.constexpr, ROWS_FULL: tl.constexpr,
 ):  # fmt: skip
     """One chunk: store its entry state, δ = U − W S, and return the state leaving it.
 
@@ -66,9 +66,7 @@ def _chunk_step(
     decay = tl.exp(G_last - G)
     b_u = _load(u_c + off_sv, m_s[:, None], PARTIAL, ROWS_FULL).to(tl.float32)
     wt = tl.float32 if ROW_SCALED else b_w.dtype
-    b_kt = _load(k_c + off_ks, m_s[None, :], PARTIAL, ROWS_FULL)
-    wt = b_kt.dtype if KD16 else wt  # KD16: Kᵀδ with δ rounded to k's dtype (FLA's state update)
-    b_kt = b_kt.to(wt)
+    b_kt = _load(k_c + off_ks, m_s[None, :], PARTIAL, ROWS_FULL).to(wt)
     b_h = b_h * tl.exp(G_last)
     if ROW_SCALED:
         b_u = b_u * _load(us_c + o_s * H, m_s, PARTIAL, ROWS_FULL)[:, None]
@@ -91,7 +89,7 @@ def state_fwd_lean_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, ROW_SCALED: tl.constexpr,
-    S16: tl.constexpr, KD16: tl.constexpr,
+    S16: tl.constexpr,
 ):  # fmt: skip
     """``state.state_fwd_kernel`` for W fp32, 16-bit or row-scaled fp16, K a power of two, BV dividing V."""
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -120,7 +118,7 @@ def state_fwd_lean_kernel(
             b_h, k + row * K, w + row * K, u + row * V + i_v * BV, w_scale + row, u_scale + row,
             chunk_states + (h0_row + i_c * (H * K)) * V + i_v * BV, v_new + row * V + i_v * BV,
             g, bos + i_c * C, C, i_h, H, off_sk, off_ks, off_sv, off_kv, o_s,
-            NH, BT, BC, USE_G, ROW_SCALED, S16, KD16, False, ROWS_FULL,
+            NH, BT, BC, USE_G, ROW_SCALED, S16, False, ROWS_FULL,
         )  # fmt: skip
     if n_full * C < n_tok_all:  # the partial chunk at the sequence's end
         row = row0 + n_full * (C * NH * H)
@@ -128,6 +126,6 @@ def state_fwd_lean_kernel(
             b_h, k + row * K, w + row * K, u + row * V + i_v * BV, w_scale + row, u_scale + row,
             chunk_states + (h0_row + n_full * (H * K)) * V + i_v * BV, v_new + row * V + i_v * BV,
             g, bos + n_full * C, n_tok_all - n_full * C, i_h, H, off_sk, off_ks, off_sv, off_kv, o_s,
-            NH, BT, BC, USE_G, ROW_SCALED, S16, KD16, True, ROWS_FULL,
+            NH, BT, BC, USE_G, ROW_SCALED, S16, True, ROWS_FULL,
         )  # fmt: skip
     tl.store(final_state + state0 + off_kv, b_h)

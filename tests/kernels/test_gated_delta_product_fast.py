@@ -24,7 +24,7 @@ from .test_gated_delta_product_variants import FP16_TOL, check_poisoned
 ISSUE_TOL = (5e-3, 1e-2, 2e-2)
 # ``default`` as GdpOptions fields (options.DEFAULT_FLAGS)
 DEFAULT_OPTIONS = dict(save_states=True, fastwy=True, lowp_safe=True, bf16x3=True, kslice=True, wyseries=True,
-                       dkp16=True, w16=True, sflean=True, sfs16=True, sblean=True, sbw16=True,
+                       dkp16=True, w16=True, sflean=True, sfs16=True, sbw16=True,
                        otrans=True)  # fmt: skip
 
 
@@ -126,7 +126,7 @@ def test_variant_strings_parse_round_trip_and_refuse():
                               wy_warps=2, grad_warps=4)  # fmt: skip
     assert parse_options(opts.text()) == opts
     assert parse_options(opts.launch_text()) == GdpOptions(**{**opts.__dict__, "lowp": False})
-    default_text = ("save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sflean+sfs16+sblean+sbw16"
+    default_text = ("save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sflean+sfs16+sbw16"
                     "+otrans")
     assert parse_options("default").text() == default_text == parse_options("").text()
     assert parse_options("plain").text() == "plain"

@@ -189,7 +189,7 @@ def test_state_bwd_value_tile_default(monkeypatch):
         o.sum().backward()
         fwd_bv = 16 if variant.endswith("sbv=16") else 32
         assert ("state_fwd_lean_kernel", fwd_bv, (1, 1, 128 // fwd_bv)) in seen  # sflean: default
-        # fp32 inputs keep fp32 W: the lean reverse pass (sblean+sbw16) needs row-scaled fp16 W
+        # fp32 inputs keep fp32 W: the lean reverse pass (sbw16) needs row-scaled fp16 W
         assert ("state_bwd_kernel", bwd_bv, (1, 1, 128 // bwd_bv)) in seen
 
 

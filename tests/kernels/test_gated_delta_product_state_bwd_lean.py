@@ -1,5 +1,5 @@
-"""``sblean`` (the reverse state pass with a short chunk loop, ``state_bwd_lean.py``) and its product option
-``sbw16`` (Wᵀ·dδ as one fp16 product on row-scaled W).
+"""``sbw16``: the reverse state pass with a short chunk loop and Wᵀ·dδ as one fp16 product on row-scaled W
+(``state_bwd_lean.py``).
 
 CPU (interpreter): the lean pass within fp16 rounding of ``state_bwd_kernel`` on row-scaled fp16 W, with odd T
 (a partial chunk, walked first), documents (one empty, one shorter than a chunk), ∂L/∂final state or none,
@@ -28,7 +28,7 @@ from .test_gated_delta_product_fast import (
 from .test_gated_delta_product_lowp_error import GPU_CONFIGS, check_bf16_config
 from .test_gated_delta_product_triton import check_against_reference, make_inputs
 
-LEAN = "default+sflean+sfs16+sblean+sbw16"
+LEAN = "default+sflean+sfs16+sbw16"
 FP16_TOL = (5e-3, 1e-2, 2e-2)
 
 
@@ -55,7 +55,7 @@ def both(x, geo, seqs, w, d_out, dvl, kw, d_final: bool = True, wt_mode: int = 0
     fin = x["initial_state"] if d_final else None  # any [N, H, K, V] fp32 tensor serves as ∂L/∂final state
     args = (x["q"], x["k"], w, x["g"], d_out, fin, dvl, 0.25, geo, seqs)
     base = state_bwd(*args, wt_mode=wt_mode, **kw)
-    return base, state_bwd(*args, wt_mode=wt_mode, lean=True, **kw, **lean_kw)
+    return base, state_bwd(*args, wt_mode=wt_mode, **kw, **lean_kw)
 
 
 CASES = [(1, 70, True, True), (2, 64, False, True), (3, 50, True, False), (4, 33, True, True)]
@@ -105,12 +105,12 @@ def test_lean_runs_only_its_fp16_product(monkeypatch):
                         or real(kernel, *a, **k))  # fmt: skip
     x, geo, seqs, w, d_out, dvl, _ = reverse_inputs(2, 40, 32, 32, True, torch.float16, False)
     tail = (x["g"], d_out, None, dvl, 0.25, geo, seqs)
-    state_bwd(x["q"], x["k"], split_planes(w), *tail, lean=True, lean_w16=True)
-    state_bwd(x["q"], x["k"], w, *tail, lean=True, lean_w16=True)
+    state_bwd(x["q"], x["k"], split_planes(w), *tail, lean_w16=True)
+    state_bwd(x["q"], x["k"], w, *tail, lean_w16=True)
     x, geo, seqs, w, d_out, dvl, kw = reverse_inputs(2, 40, 32, 32, True, torch.float16, True)
     tail = (x["g"], d_out, None, dvl, 0.25, geo, seqs)
-    state_bwd(x["q"], x["k"], w, *tail, lean=True, **kw)
-    state_bwd(x["q"], x["k"], w, *tail, lean=True, lean_w16=True, **kw)
+    state_bwd(x["q"], x["k"], w, *tail, **kw)
+    state_bwd(x["q"], x["k"], w, *tail, lean_w16=True, **kw)
     assert launched == ["state_bwd_kernel"] * 3 + ["state_bwd_lean_kernel"]
 
 

@@ -349,32 +349,22 @@ def state_fwd(
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
     fwd16 = fwd16 & 2 if row_scaled else fwd16
-    if lean and fwd16 == 0 and not is_planes(w, k) and BK == K and V % BV == 0:
-        launch(
-            state_fwd_lean_kernel, grid,
-            k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
-            k if g is None else g, k if initial_state is None else initial_state,
-            chunk_states, v_new, final_state,
-            seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-            H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-            BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-            IS_VARLEN=seqs.is_varlen, ROW_SCALED=row_scaled,
-            S16=lean_s16 and row_scaled and K >= LEAN_S16_MIN_K,
-            num_warps=num_warps or STATE_NUM_WARPS,
-            num_stages=num_stages or LEAN_FWD_STAGES,
-        )  # fmt: skip
-        return chunk_states, v_new, final_state
-    launch(
-        state_fwd_kernel, grid,
+    args = (
         k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
         k if g is None else g, k if initial_state is None else initial_state,
         chunk_states, v_new, final_state,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=BK, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-        IS_VARLEN=seqs.is_varlen, W_PLANES=is_planes(w, k), FWD16=fwd16,
-        ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS, num_stages=num_stages or _stages(BK),
     )  # fmt: skip
+    shared = dict(H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+                  BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
+                  IS_VARLEN=seqs.is_varlen, ROW_SCALED=row_scaled, num_warps=num_warps or STATE_NUM_WARPS)
+    if lean and fwd16 == 0 and not is_planes(w, k) and BK == K and V % BV == 0:
+        s16 = lean_s16 and row_scaled and K >= LEAN_S16_MIN_K
+        stages = num_stages or LEAN_FWD_STAGES
+        launch(state_fwd_lean_kernel, grid, *args, **shared, S16=s16, num_stages=stages)
+    else:
+        launch(state_fwd_kernel, grid, *args, **shared, BK=BK, W_PLANES=is_planes(w, k), FWD16=fwd16,
+               num_stages=num_stages or _stages(BK))  # fmt: skip
     return chunk_states, v_new, final_state
 
 
@@ -432,19 +422,22 @@ def state_bwd(
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
     grid = (seqs.num_sequences, H, cdiv(V, BV))
+    args = (
+        q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
+        k if d_final is None else d_final, d_vlocal,
+        d_chunk_states, d_delta, d_h0,
+        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
+    )  # fmt: skip
+    shared = dict(H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+                  BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
+                  IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS,
+                  num_stages=num_stages or _stages(BK))  # fmt: skip
     if lean_w16 and row_scaled and BK == K and V % BV == 0:
-        launch(
-            state_bwd_lean_kernel, grid,
-            q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
-            k if d_final is None else d_final, d_vlocal,
-            d_chunk_states, d_delta, d_h0,
-            seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
-            H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-            BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-            IS_VARLEN=seqs.is_varlen, num_warps=num_warps or STATE_NUM_WARPS,
-            num_stages=num_stages or _stages(BK),
-        )  # fmt: skip
-        return d_chunk_states, d_delta, d_h0
+        launch(state_bwd_lean_kernel, grid, *args, **shared)
+    else:
+        launch(state_bwd_kernel, grid, *args, **shared, BK=BK, WT_MODE=wt_mode, SPLIT_DTYPE=_split_dtype(),
+               W_PLANES=is_planes(w, k), ROW_SCALED=row_scaled)  # fmt: skip
+    return d_chunk_states, d_delta, d_h0
     launch(
         state_bwd_kernel, grid,
         q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,

@@ -1,18 +1,20 @@
-"""The forward state pass with a short chunk loop (the ``sflean`` variant): ``state.state_fwd_kernel``'s
-algorithm for W in fp32 or in row-scaled fp16 (``w16``), with the per-chunk integer work taken out.
+"""The forward state pass with a short chunk loop (``sflean``, in the default): ``state.state_fwd_kernel``'s
+algorithm for W in fp32, 16-bit or row-scaled fp16 (``w16``), with the per-chunk integer work taken out, the
+products issued early, 3 pipeline stages, and (``sfs16``, row-scaled W) W·S as an fp16 product.
 
-Why: the pass is sequential over chunks and its 2 blocks per SM leave each scheduler two warps, so a chunk
-costs about the instructions each warp issues in it. An offline sm_90a compile of ``state_fwd_kernel``
-([4,4096,16,128], n_h = 3, ``w16``) runs ~1000 SASS instructions per warp and chunk, of them ~350 integer
-ones: int64 row arithmetic per element for every pointer, and per-element bounds predicates. Here
-
-* every tile offset is an int32 tensor built once before the loop (rows of W, k and U are H·K or H·V apart
-  within a head), and only four scalar int64 bases move per chunk;
-* chunks are either full (rows masked only where the 64-step block has padding rows, C·n_h < BT: a mask
+* Every tile offset is an int32 tensor built once before the loop (rows of W, k and U are H·K or H·V apart
+  within a head), and only four scalar int64 bases move per chunk: ~1000 -> ~750 SASS instructions per warp
+  and chunk (offline sm_90a, [4,4096,16,128], n_h = 3), which alone did not change the time (0.692 -> 0.690 ms
+  on an H200): the pass is bound by its chain S -> W·S -> δ -> Kᵀδ -> S, not by issue.
+* Chunks are either full (rows masked only where the 64-step block has padding rows, C·n_h < BT: a mask
   that does not change across chunks) or the one partial chunk at a sequence's end, which takes the masked
   copy of the step (``PARTIAL``).
+* What shortened the chain: 3 stages (``state.LEAN_FWD_STAGES``: chunk c+1's loads were issued at the end of
+  chunk c and awaited first thing in c+1), and W·S in fp16 (``S16``): half the chained MMA steps of tf32 and
+  W straight from shared memory instead of widened in registers (docs/kernels_gated_delta_product.md,
+  twelfth session).
 
-Results are bitwise those of ``state_fwd_kernel`` (the same products, in the same order and dtypes).
+Without ``S16`` the results are bitwise ``state_fwd_kernel``'s (the same products, operands and dtypes).
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ def _chunk_step(
 ):  # fmt: skip
     """One chunk: store its entry state, δ = U − W S, and return the state leaving it.
 
-    Source order is issue order: each product comes as early as its operands allow, and the work that does
-    not need its result (the state and δ stores, gates, loads and dtype casts) follows it, so that it runs
-    while the tensor cores work instead of lengthening the chain S -> W·S -> δ -> Kᵀδ -> S.
+    Each product is issued as soon as its operands exist and the work that does not need its result (the
+    state and δ stores, gates, loads, casts) follows it. Triton waits for a dot right after issuing it, so
+    this overlaps nothing within a warp; measured, it took the pass without ``S16`` 0.690 -> 0.649 ms and the
+    one with it 0.602 -> 0.642 (3 stages: 0.562) at [4,4096,16,128], n_h = 3 on an H200.
     """
     m_s = o_s < n_tok * NH  # all true for full chunks when C·n_h == BT (then never used)
     b_w = _load(w_c + off_sk, m_s[:, None], PARTIAL, ROWS_FULL)

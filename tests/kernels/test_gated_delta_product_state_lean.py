@@ -119,7 +119,7 @@ def test_lean_falls_back_where_it_does_not_apply(monkeypatch):
     assert launched == ["state_fwd_kernel"] * 3 + ["state_fwd_lean_kernel"]
 
 
-def test_flags_parse_and_reach_the_pass():
+def test_flags_and_stage_keys_parse():
     opts = parse_options(LEAN_ALL)
     assert opts.sflean and opts.sfs16 and opts.w16 and not parse_options(NO_LEAN).sflean
     assert parse_options("default+sfstages=3+sbstages=2").state_fwd_stages == 3

@@ -147,7 +147,7 @@ def stage_calls(t: SimpleNamespace, opts: GdpOptions) -> dict[str, Callable[[], 
     gmod, gkw = (grads, {})
     if opts.kslice:
         gmod, gkw = grads_sliced, dict(max_registers=opts.grad_max_registers, num_stages=opts.wy_bwd_stages,
-                                       block_k=opts.wy_bwd_block_k)
+                                       block_k=opts.wy_bwd_block_k, hoisted=opts.wyhoist)
     dq_cap = opts.grad_max_registers if opts.dqkw_max_registers is None else opts.dqkw_max_registers
     dqkw_kw = dict(max_registers=dq_cap, block_k=opts.dqkw_block_k) if opts.kslice else {}
     q, k, v, g, b, geo, seqs, scale = t.q, t.k, t.v, t.g, t.beta, t.geo, t.seqs, t.scale

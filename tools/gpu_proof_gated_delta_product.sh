@@ -7,7 +7,7 @@
 #      1. FLA autotunes: on a fresh H200 the first four rows took 350 s, so the whole table needs a call of
 #      its own: GDP_LIMITS="0 560" (the whole table with two variants: 360 s on a warm H200).
 # Opt-in steps (limit 0 or left out of GDP_LIMITS skips a step): 3. the variant test files, newest first
-# (the short-loop state passes, w16 and the default's hard configurations, the K-sliced gradients, output tiles, wplanes, the series
+# (wyhoist, the short-loop state passes, w16 and the default's hard configurations, the K-sliced gradients, output tiles, wplanes, the series
 # transform, lowp_state / bf16x3, fastwy; then *_variants.py), 4. ours only: per-stage breakdown and the
 # table of our variants, 5. the launch-config sweep (each configuration in its own process: a crash cannot
 # take the others).
@@ -44,7 +44,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 step "$t_def" gdp_tests_default.log "${tests[@]}" tests/kernels/test_gated_delta_product_triton.py
 TAIL=30 step "$t_fla" gdp_bench.md "${bench[@]}" --variants "$fla_variants" --shapes "$shapes" --nh 2,3,1
 # 3. Opt-in: the variants' tests (the newest first).
-step "$t_new" gdp_tests_new.log "${tests[@]}" tests/kernels/test_gated_delta_product_state_lean.py \
+step "$t_new" gdp_tests_new.log "${tests[@]}" tests/kernels/test_gated_delta_product_wyhoist.py \
+  tests/kernels/test_gated_delta_product_state_lean.py \
   tests/kernels/test_gated_delta_product_state_bwd_lean.py tests/kernels/test_gated_delta_product_w16.py \
   tests/kernels/test_gated_delta_product_sliced.py tests/kernels/test_gated_delta_product_output_tiles.py \
   tests/kernels/test_gated_delta_product_planes.py tests/kernels/test_gated_delta_product_series.py \

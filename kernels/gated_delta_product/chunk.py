@@ -189,7 +189,8 @@ def gdp_chunk_bwd(
                                                          dqkw_block_k=opts.dqkw_block_k,
                                                          dk_part_dtype=dk_part_dtype,
                                                          wy_bwd_stages=opts.wy_bwd_stages,
-                                                         wy_bwd_block_k=opts.wy_bwd_block_k)
+                                                         wy_bwd_block_k=opts.wy_bwd_block_k,
+                                                         wy_bwd_hoisted=opts.wyhoist)
     else:
         dq, dk, dv, dg, dbeta = grads.chunk_grads(*grad_args, dk_part_dtype=dk_part_dtype)
     return dq, dk, dv, q.new_empty(0) if dg is None else dg, dbeta, d_h0

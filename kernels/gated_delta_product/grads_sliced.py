@@ -42,6 +42,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     chunk_log_gates,
     locate_chunk,
 )
+from titan_delta_kernels.gated_delta_product.wy_bwd_hoisted import wy_bwd_hoisted_kernel
 from titan_delta_kernels.gated_delta_product.wy_bwd_sliced import wy_bwd_sliced_kernel
 
 Tensor = torch.Tensor
@@ -263,10 +264,11 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
 def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, d_delta: Tensor,
            dk_part: Tensor, dw: Tensor, dG_step: Tensor, dG_tok: Tensor, geo: ChunkGeometry,
            seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
-           max_registers: int | None = None,
-           num_stages: int | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
+           max_registers: int | None = None, num_stages: int | None = None,
+           hoisted: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.wy_bwd`` sliced over K: (dk, dv, dg or None, dβ) in the dtypes of k, v, g, β. ``num_stages``
-    overrides the pipelining depth of its K and V loops (variant key ``wystages``)."""
+    overrides the pipelining depth of its K and V loops (variant key ``wystages``); ``hoisted`` (variant flag
+    ``wyhoist``) takes ``wy_bwd_hoisted_kernel`` where K and V fit one slice and one V tile."""
     dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = None if g is None else torch.empty_like(g)
     common, where, grid = _launch_config(
@@ -276,8 +278,9 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     # The [BT, BT] scratch of each chunk: its own rows of dk when they are wide enough, else a buffer laid
     # out like T (the kernel reads it back before it writes dk).
     scr = dk if k.shape[-1] >= geo.block_steps else torch.empty(t_inv.shape, dtype=k.dtype, device=k.device)
+    one_tile = k.shape[-1] <= common["BKS"] and v.shape[-1] <= common["BV"]
     launch(
-        wy_bwd_sliced_kernel, grid,
+        wy_bwd_hoisted_kernel if hoisted and one_tile else wy_bwd_sliced_kernel, grid,
         k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
         dk if dg is None else dg, scr, *where, SCR=scr.shape[-1], **common,
     )  # fmt: skip
@@ -303,12 +306,13 @@ def chunk_grads(
     geo: ChunkGeometry, seqs: SequenceLayout, num_warps: int | None = None, block_k: int | None = None,
     max_registers: int | None = None, dqkw_max_registers: int | None = None, dqkw_block_k: int | None = None,
     dk_part_dtype: torch.dtype | None = None, wy_bwd_stages: int | None = None,
-    wy_bwd_block_k: int | None = None,
+    wy_bwd_block_k: int | None = None, wy_bwd_hoisted: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
     """``grads.chunk_grads`` with the K-sliced kernels: (dq, dk, dv, dg or None, dβ). ``max_registers``
     caps both kernels, ``dqkw_max_registers`` dqkw alone (None: the defaults; 0: no cap);
     ``dqkw_block_k`` and ``wy_bwd_block_k`` are the kernels' own slice widths (None: ``block_k``);
-    ``wy_bwd_stages`` is wy_bwd's pipelining depth (None: ``wy_bwd_num_stages``)."""
+    ``wy_bwd_stages`` is wy_bwd's pipelining depth (None: ``wy_bwd_num_stages``); ``wy_bwd_hoisted`` its
+    one-tile kernel with the loads issued first (``wy_bwd``'s ``hoisted``)."""
     launch = dict(num_warps=num_warps, block_k=block_k, max_registers=max_registers)
     dq_cap = max_registers if dqkw_max_registers is None else dqkw_max_registers
     dq, dk_part, dw, dG_step, dG_tok = dqkw(
@@ -319,6 +323,6 @@ def chunk_grads(
     launch["block_k"] = block_k if wy_bwd_block_k is None else wy_bwd_block_k
     dk, dv, dg, dbeta = wy_bwd(
         k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, **launch,
-        num_stages=wy_bwd_stages,
+        num_stages=wy_bwd_stages, hoisted=wy_bwd_hoisted,
     )
     return dq, dk, dv, dg, dbeta

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "kslice", "wyseries",
          "wplanes", "ws16", "kd16", "wd16", "dkp16", "w16", "sflean", "sfs16", "sbw16",
-         "otrans")
+         "otrans", "wyhoist")
 # save_states is bitwise the plain path and measured 5.943 -> 5.543 ms fwd+bwd at [4,4096,16,128], n_h = 2, on
 # an H200 (docs/benchmarks.md, 2026-11-21). lowp (3.867 ms with save_states) stays opt-in: as the default
 # it failed 3 of the default path's GPU tests at the issue's tolerances (K = 64 without gate at n_h = 2
@@ -96,6 +96,10 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # (docs/benchmarks.md, GDP, twelfth session). Without a gate otrans hit an illegal memory access and the lean
 # reverse pass's bf16x3 product gave wrong dk (both at [2,301,4,64], n_h = 2, not diagnosed): those cases take
 # the general kernels.
+# wyhoist (thirteenth session, opt-in, never run on a GPU yet): with kslice, where K and V fit one slice and
+# one V tile (K, V <= 64), wy_bwd runs ``wy_bwd_hoisted.py``: the sliced kernel's products in the same order
+# (bitwise its results on the CPU), every global load issued before the first product instead of phase by
+# phase. Offline sm_90a compile: docs/kernels_gated_delta_product.md, "Thirteenth session".
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes
@@ -155,6 +159,7 @@ class GdpOptions:
     sfs16: bool = False
     sbw16: bool = False
     otrans: bool = False
+    wyhoist: bool = False
     state_block_v: int | None = None
     state_warps: int | None = None
     state_stages: int | None = None

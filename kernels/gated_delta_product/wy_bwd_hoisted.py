@@ -16,7 +16,7 @@ the scratch's store and its read-back.
 
 Offline (sm_90a, Triton 3.6, K = V = 64, n_h = 3) its 89 global loads come in 6 runs not separated by a
 shared-memory store, barrier or product, 4 of them before the first product, where the sliced kernel's 93 come
-in 15 runs spread over the whole kernel; 254 registers, no spill, still 2 programs per SM
+in 15 runs spread over the whole kernel; 255 registers, no spill, still 2 programs per SM
 (docs/kernels_gated_delta_product.md, thirteenth session).
 
 Every product takes the same operands in the same dtypes in the same order as the sliced kernel, so the
@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.gated_delta_product._common import chunk_log_gates, locate_chunk
+from titan_delta_kernels.gated_delta_product.wy_bwd_sliced import chunk_pointers, gated_da_t
 
 
 @triton.jit
@@ -62,20 +63,10 @@ def wy_bwd_hoisted_kernel(
     q_row0 = tok0.to(tl.int64) * H + i_h
     rows = o_s * H
     q_rows = o_t * H
-    k += row0 * K
-    dk += row0 * K
-    dw += row0 * K
-    dk_part += row0 * K
-    v += row0 * V
-    dv += row0 * V
-    d_delta += row0 * V
-    t_inv += row0 * BT
-    scr += row0 * SCR  # row stride SCR: K when scr is dk, BT for a buffer laid out like T
-    beta += row0
-    dbeta += row0
-    dG_step += row0
-    dG_tok += q_row0
-    dg += q_row0
+    k, v, beta, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta, dg, scr = chunk_pointers(
+        k, v, beta, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta, dg, scr, row0, q_row0,
+        K, V, BT, SCR,
+    )  # fmt: skip
     kt_ty = k.dtype.element_ty
 
     # Every load first, in the order the module docstring gives.
@@ -110,12 +101,9 @@ def wy_bwd_hoisted_kernel(
     upper = (o_s[:, None] < o_s[None, :]) & m_s[None, :]
     b_dAt = -tl.dot(tl.dot(b_t, b_dTt.to(kt_ty)).to(kt_ty), b_t)
     b_kk = tl.dot(b_k, b_kt)
-    decay_t = tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
-    b_dAe_t = tl.where(upper, b_dAt * decay_t, 0.0)
-    b_dbeta += tl.sum(b_dAe_t * b_kk, 0)
-    b_dAb_t = b_dAe_t * b_beta[None, :]
-    b_dAk_t = tl.where((o_s // NH)[:, None] < (o_s // NH)[None, :], b_dAb_t * b_kk, 0.0)
-    dG += tl.sum(b_dAk_t, 0) - tl.sum(b_dAk_t, 1)
+    b_dAb_t, dbeta_a, dG_a = gated_da_t(b_dAt, b_kk, G, b_beta, upper, o_s, NH)
+    b_dbeta += dbeta_a
+    dG += dG_a
     # The two halves of ∂L/∂A·β meet through the scratch (as in the sliced kernel); Tᵀ·∂L/∂W, which does not
     # need them, runs while the stores drain.
     tl.store(scr + rows[:, None] * SCR + o_s[None, :], b_dAb_t.to(kt_ty).to(scr.dtype.element_ty),

@@ -14,6 +14,31 @@ from titan_delta_kernels.gated_delta_product._common import chunk_log_gates, loc
 
 
 @triton.jit
+def chunk_pointers(
+    k, v, beta, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta, dg, scr, row0, q_row0,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, SCR: tl.constexpr,
+):  # fmt: skip
+    """Every tensor's pointer moved to the chunk's first step (``row0``) or token (``q_row0``) and head; the
+    scratch's row stride is SCR (K when it is dk, BT for a buffer laid out like T)."""
+    return (k + row0 * K, v + row0 * V, beta + row0, t_inv + row0 * BT, d_delta + row0 * V, dw + row0 * K,
+            dk_part + row0 * K, dG_step + row0, dG_tok + q_row0, dk + row0 * K, dv + row0 * V, dbeta + row0,
+            dg + q_row0, scr + row0 * SCR)  # fmt: skip
+
+
+@triton.jit
+def gated_da_t(b_dAt, b_kk, G, b_beta, upper, o_s, NH: tl.constexpr):
+    """(∂L/∂A)ᵀ through A's decay e^{G_r − G_j} and β_r (transposed frame, pairs r > j in ``upper``):
+    (∂L/∂A·β)ᵀ, its dβ terms and its step log-gate terms (pairs of one token cancel: no decay between
+    them)."""
+    decay_t = tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
+    b_dAe_t = tl.where(upper, b_dAt * decay_t, 0.0)
+    dbeta = tl.sum(b_dAe_t * b_kk, 0)
+    b_dAb_t = b_dAe_t * b_beta[None, :]
+    b_dAk_t = tl.where((o_s // NH)[:, None] < (o_s // NH)[None, :], b_dAb_t * b_kk, 0.0)
+    return b_dAb_t, dbeta, tl.sum(b_dAk_t, 0) - tl.sum(b_dAk_t, 1)
+
+
+@triton.jit
 def wy_bwd_sliced_kernel(
     k, v, beta, g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok,
     dk, dv, dbeta, dg, scr,
@@ -36,20 +61,10 @@ def wy_bwd_sliced_kernel(
     q_row0 = tok0.to(tl.int64) * H + i_h
     rows = o_s * H
     q_rows = o_t * H
-    k += row0 * K
-    dk += row0 * K
-    dw += row0 * K
-    dk_part += row0 * K
-    v += row0 * V
-    dv += row0 * V
-    d_delta += row0 * V
-    t_inv += row0 * BT
-    scr += row0 * SCR  # row stride SCR: K when scr is dk, BT for a buffer laid out like T
-    beta += row0
-    dbeta += row0
-    dG_step += row0
-    dG_tok += q_row0
-    dg += q_row0
+    k, v, beta, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta, dg, scr = chunk_pointers(
+        k, v, beta, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta, dg, scr, row0, q_row0,
+        K, V, BT, SCR,
+    )  # fmt: skip
     kt_ty = k.dtype.element_ty  # grads.py's b_k.dtype
 
     b_tt = tl.load(t_inv + rows[None, :] * BT + o_s[:, None], mask=m_s[None, :], other=0.0)
@@ -96,12 +111,9 @@ def wy_bwd_sliced_kernel(
         b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_sk, other=0.0)
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_ks, other=0.0)
         b_kk += tl.dot(b_k, b_kt)
-    decay_t = tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
-    b_dAe_t = tl.where(upper, b_dAt * decay_t, 0.0)
-    b_dbeta += tl.sum(b_dAe_t * b_kk, 0)
-    b_dAb_t = b_dAe_t * b_beta[None, :]
-    b_dAk_t = tl.where((o_s // NH)[:, None] < (o_s // NH)[None, :], b_dAb_t * b_kk, 0.0)  # same cancellation
-    dG += tl.sum(b_dAk_t, 0) - tl.sum(b_dAk_t, 1)
+    b_dAb_t, dbeta_a, dG_a = gated_da_t(b_dAt, b_kk, G, b_beta, upper, o_s, NH)
+    b_dbeta += dbeta_a
+    dG += dG_a
     # grads.py's two dk products take ∂L/∂A·β (lower triangle) and its transpose (upper), each rounded to
     # k's dtype: they have disjoint supports, so one product with their sum (exact in k's dtype) is the same.
     # Both halves are read back from the scratch, so the pass-2 product does not chain to the ones above.
@@ -138,3 +150,4 @@ def wy_bwd_sliced_kernel(
         dGt = tl.where(m_t, dGt, 0.0)
         b_dg = tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
         tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)
+

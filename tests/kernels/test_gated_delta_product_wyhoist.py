@@ -1,17 +1,16 @@
 """``wyhoist``: the UT-transform backward for one K slice and one V tile with every load issued first
 (``wy_bwd_hoisted.py``).
 
-CPU (interpreter): the hoisted kernel's dk, dv, dg and dβ are bitwise the sliced kernel's on the same inputs
-(it runs the same products on the same operands; only the load order differs), for n_h = 1..4, odd T (a
-partial chunk), documents (one empty, one shorter than a chunk), without the gate, dk's rows as the ∂L/∂A
-scratch (K = BT = 64) or a buffer of its own (K < BT), 16-bit intermediates, NaN-poisoned allocations; the
-sliced kernel wherever K or V needs more than one tile; end to end against the fp64 oracle. GPU: the same
-comparison at a real shape, bf16 at the issue's tolerances, varlen and gate extremes at K = 64.
+CPU (interpreter): the hoisted kernel's dk, dv, dg and dβ are bitwise the sliced kernel's (it runs the same
+products on the same operands; only the load order differs), allocations NaN-poisoned: on fp32 inputs for
+n_h = 1..4, odd T (a partial chunk), documents (one empty, one shorter than a chunk), without the gate, dk's
+rows as the ∂L/∂A scratch (K = BT = 64) or a buffer of its own (K < BT); and at the default op's own call on
+fp16 inputs (16-bit T, δ, ∂L/∂δ, ∂L/∂W, direct dk). The sliced kernel wherever K or V needs more than one
+tile; end to end against the fp64 oracle. GPU: the default op's own call in bf16 (within bf16 last-bit
+flips), bf16 at the issue's tolerances, varlen and gate extremes at K = 64.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -29,20 +28,11 @@ FP16_TOL = (5e-3, 1e-2, 2e-2)
 
 
 def wy_bwd_both(monkeypatch: pytest.MonkeyPatch, n_h: int, T: int, K: int, V: int, cu: list[int] | None,
-                gated: bool = True, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                H: int = 2):  # fmt: skip
-    """(sliced, hoisted) outputs of ``grads_sliced.wy_bwd`` on one set of fresh backward inputs (16-bit k, v,
-    T, ∂L/∂δ and δ when ``dtype`` says so, as the default stores them), every allocation of both calls
-    NaN-poisoned."""
-    args, geo, seqs = backward_inputs(n_h, T, K, V, cu, gated, H=H)
-    low = {1, 2, 5, 6, 9, 10}  # k, v, T, δ, ∂L/∂δ, dO
-    q, k, v, g, beta, t_inv, v_new, states, d_states, d_delta, d_out, scale = (
-        x if x is None or isinstance(x, float) else x.to(device, dtype if i in low else x.dtype)
-        for i, x in enumerate(args)
-    )
-    if device != "cpu":
-        seqs = dataclasses.replace(seqs, cu_seqlens=seqs.cu_seqlens.to(device),
-                                   chunk_offsets=seqs.chunk_offsets.to(device))  # fmt: skip
+                gated: bool = True) -> list[tuple]:  # fmt: skip
+    """(sliced, hoisted) outputs of ``grads_sliced.wy_bwd`` on one set of fresh fp32 backward inputs, every
+    allocation of both calls NaN-poisoned."""
+    args, geo, seqs = backward_inputs(n_h, T, K, V, cu, gated)
+    q, k, v, g, beta, t_inv, v_new, states, d_states, d_delta, d_out, scale = args
     _dq, dk_part, dw, dG_step, dG_tok = grads_sliced.dqkw(q, k, g, v_new, states, d_states, d_delta, d_out,
                                                          scale, geo, seqs)  # fmt: skip
     outs = []
@@ -51,6 +41,39 @@ def wy_bwd_both(monkeypatch: pytest.MonkeyPatch, n_h: int, T: int, K: int, V: in
             outs.append(grads_sliced.wy_bwd(k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo,
                                             seqs, hoisted=hoisted))  # fmt: skip
     return outs
+
+
+def compare_at_the_default_paths_call(monkeypatch: pytest.MonkeyPatch, inputs: dict, n_h: int,
+                                      cu: torch.Tensor | None, tol: float) -> list[str]:  # fmt: skip
+    """Runs the default op forward and backward; at its own call of wy_bwd (the dtypes and layouts of
+    training) both kernels run on the same arguments, allocations NaN-poisoned, and the hoisted one's
+    outputs must equal the sliced one's (``tol`` 0) or lie within ``tol`` relative RMS of them. Returns the
+    dtype of k at each compared call."""
+    real = grads_sliced.wy_bwd
+    compared = []
+
+    def both(*args, **kwargs):
+        with poisoned_allocations(monkeypatch):
+            sliced = real(*args, **kwargs)
+            hoisted = real(*args, **{**kwargs, "hoisted": True})
+        for name, a, b in zip(("dk", "dv", "dg", "dbeta"), hoisted, sliced, strict=True):
+            if b is None:
+                assert a is None, name
+                continue
+            assert torch.isfinite(a).all(), name
+            if tol == 0:
+                assert torch.equal(a, b), name
+            else:
+                err = ((a.double() - b.double()).norm() / b.double().norm()).item()
+                assert err < tol, (name, err)
+        compared.append(str(args[0].dtype))
+        return sliced
+
+    monkeypatch.setattr(grads_sliced, "wy_bwd", both)
+    leaves = [inputs[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
+    o, _ = variant_kernel("default")(*leaves, num_householder=n_h, cu_seqlens=cu)
+    o.backward(torch.randn_like(o))
+    return compared
 
 
 # (n_h, T, K, V, cu_seqlens, gated): several chunks at n_h = 1 with K = BT = 64 (dk's rows as the
@@ -76,27 +99,12 @@ def test_hoisted_is_bitwise_the_sliced_kernel(n_h, T, K, V, cu, gated, monkeypat
 
 
 def test_hoisted_bitwise_on_the_default_paths_inputs(monkeypatch):
-    """fp16 inputs through the whole default op (16-bit T, δ, ∂L/∂δ, ∂L/∂W and direct dk, as in training): at
-    the op's own call of wy_bwd, the hoisted kernel gives the sliced kernel's outputs bitwise, allocations
-    NaN-poisoned (n_h = 3, documents, one shorter than a chunk)."""
-    real = grads_sliced.wy_bwd
-    compared = []
-
-    def both(*args, **kwargs):
-        with poisoned_allocations(monkeypatch):
-            sliced = real(*args, **kwargs)
-            hoisted = real(*args, **{**kwargs, "hoisted": True})
-        for name, a, b in zip(("dk", "dv", "dg", "dbeta"), hoisted, sliced, strict=True):
-            assert torch.isfinite(a).all(), name
-            assert torch.equal(a, b), name
-        compared.append(args[0].dtype)
-        return sliced
-
-    monkeypatch.setattr(grads_sliced, "wy_bwd", both)
+    """fp16 inputs through the whole default op (16-bit T, δ, ∂L/∂δ, ∂L/∂W and direct dk, as in training): the
+    hoisted kernel gives the sliced kernel's outputs bitwise (n_h = 3, two documents, one shorter than a
+    chunk)."""
     cu = torch.tensor([0, 14, 45], dtype=torch.int32)
     inputs = make_inputs(1, 45, 2, 64, 64, 3, num_seqs=2, dtype=torch.float16)
-    check_against_reference(inputs, 3, cu, *FP16_TOL, kernel=variant_kernel("default"))
-    assert compared == [torch.float16]
+    assert compare_at_the_default_paths_call(monkeypatch, inputs, 3, cu, tol=0) == ["torch.float16"]
 
 
 def test_hoisted_only_for_one_tile(monkeypatch):
@@ -139,14 +147,13 @@ def test_wyhoist_varlen_matches_reference():
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_h", [1, 2, 3])
 def test_gpu_hoisted_agrees_with_sliced(n_h, monkeypatch):
-    """The same products in another load order: on the GPU the compiled accumulation may differ from the
-    sliced kernel's only by fp32 rounding (1,000 tokens in two documents, 8 heads, K = V = 64, bf16)."""
-    sliced, hoisted = wy_bwd_both(monkeypatch, n_h, 1000, 64, 64, [0, 9, 1000], True, dtype=torch.bfloat16,
-                                  device="cuda", H=8)  # fmt: skip
-    for name, a, b in zip(("dk", "dv", "dg", "dbeta"), hoisted, sliced, strict=True):
-        assert torch.isfinite(a).all(), name
-        err = ((a.double() - b.double()).norm() / b.double().norm()).item()
-        assert err < 1e-5, (name, err)
+    """The same products in another load order, at the default op's own call in bf16 (1,000 tokens in two
+    documents, 8 heads, K = V = 64). Where the compiled kernels sum in another order, outputs rounded to bf16
+    may flip in their last bit: 1e-3 relative RMS allows that, not a wrong term."""
+    cu = torch.tensor([0, 9, 1000], dtype=torch.int32, device="cuda")
+    inputs = make_inputs(1, 1000, 8, 64, 64, n_h, num_seqs=2, device="cuda", dtype=torch.bfloat16)
+    inputs["beta"] = inputs["beta"].to(torch.bfloat16)
+    assert compare_at_the_default_paths_call(monkeypatch, inputs, n_h, cu, tol=1e-3) == ["torch.bfloat16"]
 
 
 @pytest.mark.gpu

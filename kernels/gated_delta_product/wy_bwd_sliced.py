@@ -150,4 +150,3 @@ def wy_bwd_sliced_kernel(
         dGt = tl.where(m_t, dGt, 0.0)
         b_dg = tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
         tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)
-

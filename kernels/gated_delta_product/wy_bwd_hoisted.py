@@ -31,7 +31,11 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels.gated_delta_product._common import chunk_log_gates, locate_chunk
-from titan_delta_kernels.gated_delta_product.wy_bwd_sliced import chunk_pointers, gated_da_t
+from titan_delta_kernels.gated_delta_product.wy_bwd_sliced import (
+    chunk_pointers,
+    gated_da_t,
+    token_log_gate_grads,
+)
 
 
 @triton.jit
@@ -124,9 +128,5 @@ def wy_bwd_hoisted_kernel(
 
     tl.store(dbeta + rows, b_dbeta.to(dbeta.dtype.element_ty), mask=m_s)
     if USE_G:
-        # Step gradients -> token gradients -> reverse prefix sum (the chunk's G is a prefix sum of g).
-        owner = (o_s // NH)[None, :] == o_t[:, None]
-        dGt += tl.sum(tl.where(owner & m_s[None, :], dG[None, :], 0.0), 1)
-        dGt = tl.where(m_t, dGt, 0.0)
-        b_dg = tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
+        b_dg = token_log_gate_grads(dG, dGt, o_s, o_t, m_s, m_t, NH)
         tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)

@@ -39,6 +39,16 @@ def gated_da_t(b_dAt, b_kk, G, b_beta, upper, o_s, NH: tl.constexpr):
 
 
 @triton.jit
+def token_log_gate_grads(dG, dGt, o_s, o_t, m_s, m_t, NH: tl.constexpr):
+    """Step log-gate gradients [BT] plus the tokens' own (``dGt`` [BC]) -> gradients of the tokens' g: each
+    token sums its steps, then a reverse prefix sum (the chunk's log gates are a prefix sum of g)."""
+    owner = (o_s // NH)[None, :] == o_t[:, None]
+    dGt += tl.sum(tl.where(owner & m_s[None, :], dG[None, :], 0.0), 1)
+    dGt = tl.where(m_t, dGt, 0.0)
+    return tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
+
+
+@triton.jit
 def wy_bwd_sliced_kernel(
     k, v, beta, g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok,
     dk, dv, dbeta, dg, scr,
@@ -143,10 +153,6 @@ def wy_bwd_sliced_kernel(
 
     tl.store(dbeta + rows, b_dbeta.to(dbeta.dtype.element_ty), mask=m_s)
     if USE_G:
-        # Step gradients -> token gradients -> reverse prefix sum (the chunk's G is a prefix sum of g).
-        owner = (o_s // NH)[None, :] == o_t[:, None]
-        dGt = tl.sum(tl.where(owner & m_s[None, :], dG[None, :], 0.0), 1)
-        dGt += tl.load(dG_tok + q_rows, mask=m_t, other=0.0)
-        dGt = tl.where(m_t, dGt, 0.0)
-        b_dg = tl.sum(dGt, 0) - tl.cumsum(dGt, 0) + dGt
+        dGt = tl.load(dG_tok + q_rows, mask=m_t, other=0.0)
+        b_dg = token_log_gate_grads(dG, dGt, o_s, o_t, m_s, m_t, NH)
         tl.store(dg + q_rows, b_dg.to(dg.dtype.element_ty), mask=m_t)

@@ -32,7 +32,7 @@ from titan_delta_kernels.gated_delta_product import api, cost
 from titan_delta_kernels.gated_delta_product.options import GdpOptions, parse_options
 
 ALL_VARIANTS = ("plain,save_states,default (= save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16"
-                "+sflean+sfs16+sbw16+otrans),lowp,default+lowp")
+                "+sflean+sfs16+sbw16+otrans+wyhoist),lowp,default+lowp")
 
 
 def make_inputs(B, T, H, D, n_h, device):

@@ -25,7 +25,7 @@ ISSUE_TOL = (5e-3, 1e-2, 2e-2)
 # ``default`` as GdpOptions fields (options.DEFAULT_FLAGS)
 DEFAULT_OPTIONS = dict(save_states=True, fastwy=True, lowp_safe=True, bf16x3=True, kslice=True, wyseries=True,
                        dkp16=True, w16=True, sflean=True, sfs16=True, sbw16=True,
-                       otrans=True)  # fmt: skip
+                       otrans=True, wyhoist=True)  # fmt: skip
 
 
 def variant_kernel(variant: str):
@@ -127,7 +127,7 @@ def test_variant_strings_parse_round_trip_and_refuse():
     assert parse_options(opts.text()) == opts
     assert parse_options(opts.launch_text()) == GdpOptions(**{**opts.__dict__, "lowp": False})
     default_text = ("save_states+fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sflean+sfs16+sbw16"
-                    "+otrans")
+                    "+otrans+wyhoist")
     assert parse_options("default").text() == default_text == parse_options("").text()
     assert parse_options("plain").text() == "plain"
     assert parse_options("sbv=64") == GdpOptions(**DEFAULT_OPTIONS, state_block_v=64)

@@ -155,7 +155,7 @@ def test_lowp_safe_save_states_is_bitwise_the_recomputation():
 def test_lowp_state_and_bf16x3_parse():
     assert parse_options("lowp_state") == GdpOptions(lowp_state=True)
     assert parse_options("save_states+bf16x3+sbv=64").launch_text() == "bf16x3+sbv=64"
-    launch = "fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sflean+sfs16+sbw16+otrans+sbv=64"
+    launch = "fastwy+lowp_safe+bf16x3+kslice+wyseries+dkp16+w16+sflean+sfs16+sbw16+otrans+wyhoist+sbv=64"
     assert parse_options("default+sbv=64").launch_text() == launch
     modes = [parse_options(v).wt_mode() for v in ("default", "save_states", "lowp_state", "bf16x3",
                                                    "lowp_state+bf16x3", "default+lowp_state")]  # fmt: skip

@@ -54,7 +54,7 @@ def compare_at_the_default_paths_call(monkeypatch: pytest.MonkeyPatch, inputs: d
 
     def both(*args, **kwargs):
         with poisoned_allocations(monkeypatch):
-            sliced = real(*args, **kwargs)
+            sliced = real(*args, **{**kwargs, "hoisted": False})
             hoisted = real(*args, **{**kwargs, "hoisted": True})
         for name, a, b in zip(("dk", "dv", "dg", "dbeta"), hoisted, sliced, strict=True):
             if b is None:
@@ -128,7 +128,8 @@ def test_wyhoist_flag_parses():
     opts = parse_options(HOIST)
     assert opts.wyhoist and opts.kslice
     assert parse_options(opts.text()) == opts
-    assert not parse_options("default").wyhoist
+    assert parse_options("default").wyhoist  # in the default since the fourteenth session
+    assert not parse_options("kslice").wyhoist
 
 
 @pytest.mark.parametrize(("n_h", "T", "gated"), [(1, 70, True), (2, 45, False), (3, 50, True)])

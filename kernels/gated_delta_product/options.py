@@ -25,9 +25,10 @@ FLAGS = ("save_states", "lowp", "fastwy", "lowp_safe", "lowp_state", "bf16x3", "
 # ours-only fwd+bwd went 5.530 -> 4.632 ms at [4,4096,16,128], n_h = 2 (docs/benchmarks.md, 18:53 UTC).
 DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16", "w16", "lowp_safe",
                  "sflean", "sfs16", "sbw16", "otrans", "wyhoist")
-# wyhoist (default since the fourteenth session; acts where K, V <= 64): wy_bwd with every load issued before
-# its first product (wy_bwd_hoisted.py). H200, wy_bwd at [8,2048,16,64]: 0.715 -> 0.630 ms (n_h = 3), 0.441 ->
-# 0.396 (n_h = 2), 0.226 -> 0.222 (n_h = 1); its 8 GPU tests passed (docs/benchmarks.md, GDP, fourteenth session).
+# wyhoist (default since the fourteenth session; acts where K, V <= 64): wy_bwd with every load issued
+# before its first product (wy_bwd_hoisted.py). H200, wy_bwd at [8,2048,16,64]: 0.715 -> 0.630 ms (n_h = 3),
+# 0.441 -> 0.396 (n_h = 2), 0.226 -> 0.222 (n_h = 1); its 8 GPU tests passed (docs/benchmarks.md, GDP,
+# fourteenth session).
 # lowp_safe: lowp's bf16 storage of δ and of the backward's ∂L/∂δ, direct dk and ∂L/∂W (~70% of lowp's saved
 # bytes by cost.py), but W and U stay fp32, and with them the state passes' products (tf32). The CPU emulation
 # (tools/gdp_lowp_error.py; docs, "lowp error budget") puts lowp's excess error of o and of the final state

@@ -131,16 +131,13 @@ def wy_series_kernel(
                  mask=m_s[:, None] & m_v[None, :])  # fmt: skip
 
 
-# Warps of the series transform: its [64, 64] tiles split over them (4: 16 rows each); 2 at K <= 64, where
-# on an H200 the transform went 0.577 -> 0.517 ms at [8,2048,16,64], n_h = 3, while at K = 128 2 warps were
-# slower (0.481 -> 0.491 ms at [4,4096,16,128], n_h = 2) and 8 far slower at both (docs/benchmarks.md, GDP
-# 04:54 UTC, ninth session).
+# Warps of the series transform: its [64, 64] tiles split over them (4: 16 rows each). At K <= 64 2 warps
+# were faster in the ninth session (0.577 -> 0.517 ms at [8,2048,16,64], n_h = 3); the transform has changed
+# since (w16 stores W row-scaled in fp16), and in the fourteenth session 4 were faster: 0.490 -> 0.450 ms
+# there, 0.309 -> 0.296 at n_h = 2, 0.176 -> 0.165 at n_h = 1, 0.588 -> 0.558 at n_h = 4. At K = 128 2 warps
+# were slower (0.481 -> 0.491 ms at [4,4096,16,128], n_h = 2) and 8 far slower at both (H200;
+# docs/benchmarks.md, GDP, ninth and fourteenth sessions). The variant key ``wywarps`` overrides it.
 SERIES_WY_WARPS = 4
-SERIES_WY_WARPS_SMALL_K = 2
-
-
-def series_warps(K: int) -> int:
-    return SERIES_WY_WARPS_SMALL_K if K <= 64 else SERIES_WY_WARPS
 
 
 def series_precision(dtype: torch.dtype) -> str:
@@ -172,6 +169,6 @@ def wy_fwd_series(
             (w16, w_unscale), (u16, u_unscale) = row_scaled_f16(w), row_scaled_f16(u)
             return t_inv, w16, u16, w_unscale, u_unscale
         return t_inv, split_planes(w) if w_planes else w, u
-    warps = num_warps or series_warps(k.shape[-1])
+    warps = num_warps or SERIES_WY_WARPS
     return launch_block_transform(wy_series_kernel, k, v, beta, g, geo, seqs, inter_dtype, warps, w_planes,
                                   row_scaled, PREC=series_precision(k.dtype), W_PLANES=w_planes)  # fmt: skip

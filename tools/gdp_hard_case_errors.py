@@ -1,9 +1,10 @@
 """Errors of Gated DeltaProduct variants against the fp64 recurrent oracle on the hard bf16 case (GPU).
 
-The case of ``test_gpu_series_no_less_accurate_than_substitution_on_nearly_repeated_keys``: keys close to
-one direction, β in (1.9, 1.99), gates in (-1e-3, 0), [1, 512, 4, 128], bf16. One line per (n_h, draw,
-variant) with the relative RMS error of o, the final state and every gradient, so a change in accuracy can
-be traced to the flag that brings it (the series transform, w16, lowp_safe, ...). Run on a GPU:
+The inputs of ``test_gpu_series_no_less_accurate_than_substitution_on_nearly_repeated_keys``
+(``nearly_repeated_key_inputs``, seeded here): keys close to one direction, β in (1.9, 1.99), gates in
+(-1e-3, 0), [1, 512, 4, 128], bf16. One line per (n_h, draw, variant) with the relative RMS error of o, the
+final state and every gradient, so a change in accuracy can be traced to the flag that brings it (the series
+transform, w16, lowp_safe, ...). Run on a GPU:
 
     python3 tools/gdp_hard_case_errors.py --nh 1,2 --draws 3
 """
@@ -18,24 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' input and gradient helpers
 from tests.kernels.test_gated_delta_product_fast import variant_kernel
-from tests.kernels.test_gated_delta_product_triton import make_inputs, run_with_grads
+from tests.kernels.test_gated_delta_product_series import nearly_repeated_key_inputs
+from tests.kernels.test_gated_delta_product_triton import run_with_grads
 from titan_delta.ops.gated_delta_product.reference import gated_delta_product_recurrent
 from titan_delta.testing import rel_rms_error
 
 SUBSTITUTION = "save_states+fastwy+bf16x3+kslice"  # the default before the series transform
 VARIANTS = [SUBSTITUTION] + [SUBSTITUTION + "+wyseries" + extra for extra in ("", "+dkp16", "+dkp16+w16",
                                                                           "+dkp16+lowp_safe")] + ["default"]
-
-
-def hard_inputs(n_h: int, seed: int) -> dict:
-    torch.manual_seed(seed)
-    inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16,
-                         gate_range=(-1e-3, 0.0))  # fmt: skip
-    base = torch.nn.functional.normalize(torch.randn(128, device="cuda"), dim=0)
-    keys = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(inputs["k"].float()), dim=-1)
-    inputs["k"] = keys.to(torch.bfloat16)
-    inputs["beta"] = (1.9 + 0.09 * torch.rand_like(inputs["beta"].float())).to(inputs["beta"].dtype)
-    return inputs
 
 
 def main() -> None:
@@ -48,7 +39,8 @@ def main() -> None:
         raise SystemExit("gdp_hard_case_errors.py needs a CUDA GPU (the Triton kernels run there)")
     for n_h in (int(x) for x in args.nh.split(",")):
         for seed in range(args.draws):
-            inputs = hard_inputs(n_h, seed)
+            torch.manual_seed(seed)
+            inputs = nearly_repeated_key_inputs(n_h)
             d_out = torch.randn(*inputs["q"].shape[:3], 128, device="cuda", dtype=torch.float64)
             d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
             ref = run_with_grads(gated_delta_product_recurrent, inputs, n_h, None, d_out, d_final,

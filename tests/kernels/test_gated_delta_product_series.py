@@ -102,6 +102,18 @@ def test_gpu_series_varlen_and_gate_extremes():
     check_gpu_varlen_and_gate_extremes(SERIES)
 
 
+def nearly_repeated_key_inputs(n_h: int) -> dict:
+    """The hard bf16 case on the GPU, [1, 512, 4, 128]: fresh keys close to one fresh direction, β in
+    (1.9, 1.99), gates in (-1e-3, 0) (also ``tools/gdp_hard_case_errors.py``'s inputs)."""
+    inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16,
+                         gate_range=(-1e-3, 0.0))  # fmt: skip
+    base = torch.nn.functional.normalize(torch.randn(128, device="cuda"), dim=0)
+    keys = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(inputs["k"].float()), dim=-1)
+    inputs["k"] = keys.to(torch.bfloat16)
+    inputs["beta"] = (1.9 + 0.09 * torch.rand_like(inputs["beta"].float())).to(inputs["beta"].dtype)
+    return inputs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_h", [1, 2])
 def test_gpu_series_no_less_accurate_than_substitution_on_nearly_repeated_keys(n_h):
@@ -113,13 +125,7 @@ def test_gpu_series_no_less_accurate_than_substitution_on_nearly_repeated_keys(n
     (docs/benchmarks.md, GDP, fourteenth session)."""
     totals = {SUBSTITUTION: 0.0, SERIES: 0.0}
     for _draw in range(3):
-        inputs = make_inputs(1, 512, 4, 128, 128, n_h, device="cuda", dtype=torch.bfloat16,
-                             gate_range=(-1e-3, 0.0))  # fmt: skip
-        k = inputs["k"].float()
-        base = torch.nn.functional.normalize(torch.randn(128, device="cuda"), dim=0)
-        keys = torch.nn.functional.normalize(base + 0.05 * torch.randn_like(k), dim=-1)
-        inputs["k"] = keys.to(torch.bfloat16)
-        inputs["beta"] = (1.9 + 0.09 * torch.rand_like(inputs["beta"].float())).to(inputs["beta"].dtype)
+        inputs = nearly_repeated_key_inputs(n_h)
         d_out = torch.randn(*inputs["q"].shape[:3], 128, device="cuda", dtype=torch.float64)
         d_final = torch.randn_like(inputs["initial_state"], dtype=torch.float64)
         ref = run_with_grads(gated_delta_product_recurrent, inputs, n_h, None, d_out, d_final, torch.float64)

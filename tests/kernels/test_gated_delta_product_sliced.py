@@ -10,6 +10,8 @@ GPU: the issue's tolerances in bf16 at K = V = 128 (two slices, dk's rows as the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -194,14 +196,16 @@ def test_state_bwd_value_tile_default(monkeypatch):
 
 
 @pytest.mark.parametrize(("variant", "caps"), [
-    ("default", {"dqkw_sliced_kernel": 168, "wy_bwd_sliced_kernel": None}),
-    ("default+dqregs=0", {"dqkw_sliced_kernel": None, "wy_bwd_sliced_kernel": None}),
-    ("default+gregs=160", {"dqkw_sliced_kernel": 160, "wy_bwd_sliced_kernel": 160}),
-    ("default+gregs=160+dqregs=192", {"dqkw_sliced_kernel": 192, "wy_bwd_sliced_kernel": 160}),
+    ("default", {"dqkw_sliced_kernel": 168, "wy_bwd_hoisted_kernel": None}),
+    ("default+dqregs=0", {"dqkw_sliced_kernel": None, "wy_bwd_hoisted_kernel": None}),
+    ("default+gregs=160", {"dqkw_sliced_kernel": 160, "wy_bwd_hoisted_kernel": 160}),
+    ("default+gregs=160+dqregs=192", {"dqkw_sliced_kernel": 192, "wy_bwd_hoisted_kernel": 160}),
+    ("kslice+gregs=160+dqregs=192", {"dqkw_sliced_kernel": 192, "wy_bwd_sliced_kernel": 160}),
 ])
 def test_gradient_register_caps_reach_their_launches(monkeypatch, variant, caps):
-    """dqkw's own cap (K <= 64) and the dqregs / gregs overrides arrive at the right launch; the results
-    stay the reference's (the interpreter ignores the cap)."""
+    """dqkw's own cap (K <= 64) and the dqregs / gregs overrides arrive at the right launch (wy_bwd's is the
+    hoisted kernel at these one-tile shapes, the sliced one without ``wyhoist``); the results stay the
+    reference's (the interpreter ignores the cap)."""
     seen = {}
     original = grads_sliced.launch
 
@@ -247,7 +251,7 @@ def test_dqkw_slice_width_reaches_dqkw_alone_and_matches_reference(monkeypatch, 
     monkeypatch.setattr(grads_sliced, "launch", spy)
     inputs = make_inputs(1, 37, 2, 64, 16, 2)
     check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5, kernel=variant_kernel(f"default+dqbk={dqbk}"))
-    assert seen == {"dqkw_sliced_kernel": dqbk, "wy_bwd_sliced_kernel": 64}
+    assert seen == {"dqkw_sliced_kernel": dqbk, "wy_bwd_hoisted_kernel": 64}  # K = 64: one wy_bwd tile
     assert parse_options(f"default+dqbk={dqbk}").dqkw_block_k == dqbk
     with pytest.raises(ValueError):
         parse_options("default+dqbk=48")
@@ -258,6 +262,7 @@ def test_wy_bwd_launch_keys(monkeypatch):
     keep the results (fp32, against the oracle)."""
     opts = parse_options("default+wystages=1+gwarps=2")
     assert (opts.wy_bwd_stages, opts.grad_warps) == (1, 2) and parse_options(opts.text()) == opts
+    opts = dataclasses.replace(opts, wyhoist=False)  # the sliced kernel (the hoisted one has no loops)
     seen = []
     real = grads_sliced.launch
 

@@ -50,7 +50,7 @@ def test_deltaformer_forward_report():
 def test_gdp_forward_backward_report():
     kernels = _kernels(_report("gdp", "--shape", "1x64x2x64", "--nh", "2"))
     assert {"wy_series_kernel", "state_fwd_lean_kernel", "output_fwd_t_kernel", "state_bwd_lean_kernel",
-            "dqkw_sliced_kernel", "wy_bwd_sliced_kernel"} <= set(kernels)  # fmt: skip
+            "dqkw_sliced_kernel", "wy_bwd_hoisted_kernel"} <= set(kernels)  # fmt: skip
     regs, _, flags = kernels["dqkw_sliced_kernel"]
     assert "maxnreg=168" in flags and regs <= 168
     assert all(0 < r <= 255 and b >= 1 for r, b, _ in kernels.values())

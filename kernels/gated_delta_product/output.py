@@ -120,7 +120,8 @@ def output_fwd_t_kernel(
     b_qt = tl.load(q + q_rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
     b_ht = tl.load(chunk_states + h_base + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :],
                    other=0.0)  # fmt: skip
-    b_oqt = tl.dot(b_ht.to(b_qt.dtype), b_qt)
+    if USE_G:
+        b_oqt = tl.dot(b_ht.to(b_qt.dtype), b_qt)
     b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
     causal_t = ((o_s // NH)[:, None] <= o_t[None, :]) & m_t[None, :]
@@ -128,7 +129,13 @@ def output_fwd_t_kernel(
     b_st = tl.dot(b_k, b_qt) * decay_t
     b_dt = tl.load(v_new + rows[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_s[None, :], other=0.0)
     # Scores meet δ in δ's dtype, as in output_fwd_kernel.
-    b_ot = b_oqt * tl.exp(Gq)[None, :] + tl.dot(b_dt, b_st.to(b_dt.dtype))
+    if USE_G:
+        b_ot = b_oqt * tl.exp(Gq)[None, :] + tl.dot(b_dt, b_st.to(b_dt.dtype))
+    else:
+        # Without the gate factor Triton would make Sᵀqᵀ (Sᵀ read transposed from memory) the accumulator of
+        # δᵀ·scoresᵀ: with 16-bit states that chain gave wrong o on an H200 (Triton 3.6; 0.71 relative RMS
+        # error at [2,301,4,64], n_h = 2), the reverse chain below is right (docs, fourteenth session).
+        b_ot = tl.dot(b_ht.to(b_qt.dtype), b_qt, acc=tl.dot(b_dt, b_st.to(b_dt.dtype)))
     tl.store(o + q_rows[None, :] * V + o_v[:, None], (b_ot * scale).to(o.dtype.element_ty),
              mask=m_v[:, None] & m_t[None, :])  # fmt: skip
 
@@ -181,6 +188,11 @@ OUTPUT_BLOCK_V = 128
 # 0.083, n_h = 1 0.067 -> 0.076 (docs/benchmarks.md, GDP, twelfth session). At n_h = 1 the token block has 64
 # rows, a warp-group MMA's own, so the direct kernel stays there.
 TRANSPOSED_MAX_TOKENS = 32
+# Without a gate the transposed kernel chains its products the other way round (see the kernel). Against the
+# direct kernel on an H200 (bf16 δ and states, ms): n_h = 3 0.276 -> 0.260 at [4,4096,16,128] and 0.115 ->
+# 0.109 at [8,2048,16,64], n_h = 2 0.171 -> 0.190 and 0.084 -> 0.084 (docs/benchmarks.md, GDP, fourteenth
+# session; n_h = 4 not timed), so without a gate it runs from n_h = 3.
+TRANSPOSED_NO_GATE_MIN_NH = 3
 
 
 def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
@@ -215,12 +227,12 @@ def output_fwd(
 ) -> torch.Tensor:
     """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``);
     ``transposed`` (``otrans``): ``output_fwd_t_kernel`` where the token block has at most
-    ``TRANSPOSED_MAX_TOKENS`` rows (n_h >= 2) and there is a gate, all of K in one slice (``block_k`` is then
-    ignored). Without a gate it hit a CUDA illegal memory access on an H200 ([2, 301, 4, 64], n_h = 2; not
-    diagnosed), so the direct kernel runs there."""
+    ``TRANSPOSED_MAX_TOKENS`` rows (n_h >= 2; without a gate from ``TRANSPOSED_NO_GATE_MIN_NH``), all of K in
+    one slice (``block_k`` is then ignored)."""
     V = v_new.shape[-1]
     o = q.new_empty(*q.shape[:3], V)
-    transposed = transposed and geo.block_tokens <= TRANSPOSED_MAX_TOKENS and g is not None
+    gate_ok = g is not None or geo.num_householder >= TRANSPOSED_NO_GATE_MIN_NH
+    transposed = transposed and geo.block_tokens <= TRANSPOSED_MAX_TOKENS and gate_ok
     kernel = output_fwd_t_kernel if transposed else output_fwd_kernel
     _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
             g is not None, None if transposed else block_k, block_v)  # fmt: skip

@@ -93,17 +93,19 @@ DEFAULT_FLAGS = ("save_states", "fastwy", "bf16x3", "kslice", "wyseries", "dkp16
 # the work that does not need it; bitwise the general kernel) and 3 pipeline stages. sfs16 (from K = 128):
 # its W·S in fp16, W as stored by w16 and the state scaled per column (scaled_f16): tf32's 11 bits, half the
 # chained MMA steps, no widening of W. sbw16: the reverse pass's short loop (state_bwd_lean.py) with Wᵀ·dδ as
-# one fp16 product (bf16x3's three before), for row-scaled W. otrans (gated, n_h >= 2): the output kernel
-# transposed, so that its products are warp-group MMAs (output.TRANSPOSED_MAX_TOKENS). H200, fwd+bwd ours
-# only: [4,4096,16,128] n_h = 3 4.542 -> 4.351 ms, n_h = 2 3.015 -> 2.881, n_h = 1 1.937 -> 1.832; the default
-# path's 15 GPU tests, lowp's failed configurations and the far-from-unit-scale checks passed
-# (docs/benchmarks.md, GDP, twelfth session). Without a gate otrans hit an illegal memory access and the lean
-# reverse pass's bf16x3 product gave wrong dk (both at [2,301,4,64], n_h = 2, not diagnosed): those cases take
-# the general kernels.
-# wyhoist (thirteenth session, opt-in, never run on a GPU yet): with kslice, where K and V fit one slice and
-# one V tile (K, V <= 64), wy_bwd runs ``wy_bwd_hoisted.py``: the sliced kernel's products in the same order
-# (bitwise its results on the CPU), every global load issued before the first product instead of phase by
-# phase. Offline sm_90a compile: docs/kernels_gated_delta_product.md, "Thirteenth session".
+# one fp16 product (bf16x3's three before), for row-scaled W. otrans (n_h >= 2 with a gate, n_h >= 3
+# without): the output kernel transposed, so that its products are warp-group MMAs
+# (output.TRANSPOSED_MAX_TOKENS). H200, fwd+bwd ours only: [4,4096,16,128] n_h = 3 4.542 -> 4.351 ms, n_h = 2
+# 3.015 -> 2.881, n_h = 1 1.937 -> 1.832; the default path's 15 GPU tests, lowp's failed configurations and
+# the far-from-unit-scale checks passed (docs/benchmarks.md, GDP, twelfth session). Without a gate otrans gave
+# wrong o (first an illegal memory access) at [2,301,4,64], n_h = 2: a product chained into another's
+# accumulator, fixed by the reverse chain in the fourteenth session (output.py). The lean reverse pass's
+# bf16x3 product gave wrong dk there too (not revisited): that case takes the general kernel.
+# wyhoist (thirteenth session; measured on an H200 and in the default since the fourteenth): with kslice,
+# where K and V fit one slice and one V tile (K, V <= 64), wy_bwd runs ``wy_bwd_hoisted.py``: the sliced
+# kernel's products in the same order (bitwise its results on the CPU), every global load issued before the
+# first product instead of phase by phase. Offline sm_90a compile: docs/kernels_gated_delta_product.md,
+# "Thirteenth session".
 # key -> (GdpOptions field, allowed values)
 LAUNCH_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sbv": ("state_block_v", (16, 32, 64, 128)),  # V-tile of both sequential state passes

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from titan_delta.eval.config import EvalConfig
 
@@ -47,7 +48,13 @@ def preserved_rng_state() -> Iterator[None]:
 
 @contextlib.contextmanager
 def evaluation_mode(model: nn.Module) -> Iterator[None]:
-    """eval() + no_grad, then every submodule back in the mode it had."""
+    """eval() + no_grad, then every submodule back in the mode it had and every FSDP module resharded.
+
+    A forward without a backward leaves FSDP2 modules that do not reshard after forward (the root, by
+    torchtitan's choice) holding their unsharded parameters as the registered ones. The optimizer's
+    parameters are the sharded ones, so the next optimizer state dict (a checkpoint save) would look up
+    parameters the model no longer reports and fail.
+    """
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -56,6 +63,9 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def log_scalars(metric_logger: Any, scalars: dict[str, float], step: int) -> None:

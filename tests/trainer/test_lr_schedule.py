@@ -77,3 +77,66 @@ def test_bad_schedules_name_the_key(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=r"\[lr_scheduler\]") as err:
         schedule_phases(LRSchedulerConfig(**fields), 10)
     assert message in str(err.value)
+
+
+def _run_schedule(config: LRSchedulerConfig, steps: int, start_state: dict | None = None, until: int = 0):
+    """The LRs a fresh optimizer sees over steps [resumed step, until), and the schedulers."""
+    model = torch.nn.Linear(4, 4)
+    optimizers = GroupedOptimizersContainer(
+        [model], torch.optim.AdamW, {"lr": 2e-3, "weight_decay": 0.1}, WeightDecayRule()
+    )
+    schedulers = build_lr_schedulers(optimizers, config, steps)
+    if start_state is not None:
+        schedulers.load_state_dict(start_state)
+    seen = []
+    while schedulers.schedulers[0].last_epoch < until:
+        seen.append(optimizers.optimizers[0].param_groups[0]["lr"])
+        optimizers.step()
+        schedulers.step()
+    return seen, schedulers
+
+
+WSD = LRSchedulerConfig(warmup_steps=2, decay_ratio=0.2, decay_type="linear", min_lr_factor=0.1)
+
+
+def test_resume_with_more_steps_after_the_decay_stays_at_the_minimum(caplog) -> None:
+    # the finding: a 10-step run decayed to 2e-4; resuming it with 20 steps jumped back to the 2e-3 peak
+    first, schedulers = _run_schedule(WSD, 10, until=10)
+    assert first[-1] == pytest.approx(2e-4)
+    with caplog.at_level("WARNING"):
+        resumed, _ = _run_schedule(WSD, 20, schedulers.state_dict(), until=20)
+    assert resumed == pytest.approx([2e-4] * 10)
+    (line,) = [r.message for r in caplog.records if "LR schedule changed" in r.message]
+    assert "from step 10" in line and "saved 10 steps" in line and "now 20 steps" in line
+
+
+def test_resume_with_more_steps_mid_decay_continues_the_decay_without_a_jump() -> None:
+    uninterrupted, _ = _run_schedule(WSD, 20, until=20)
+    _, schedulers = _run_schedule(WSD, 20, until=18)  # decay began after step 16
+    resumed, _ = _run_schedule(WSD, 40, schedulers.state_dict(), until=40)
+    assert resumed[0] == pytest.approx(uninterrupted[18])  # the LR the saved run would have used next
+    assert all(a > b for a, b in itertools.pairwise(resumed))
+    assert resumed[-1] == pytest.approx(2e-4)
+
+
+def test_resume_with_more_steps_before_the_decay_follows_the_new_schedule() -> None:
+    _, schedulers = _run_schedule(WSD, 20, until=8)
+    resumed, _ = _run_schedule(WSD, 40, schedulers.state_dict(), until=40)
+    fresh, _ = _run_schedule(WSD, 40, until=40)
+    assert resumed == pytest.approx(fresh[8:])  # stable until the new decay, which ends at the new end
+
+
+def test_resume_with_a_longer_warmup_does_not_warm_up_again() -> None:
+    _, schedulers = _run_schedule(WSD, 20, until=5)
+    longer = LRSchedulerConfig(warmup_steps=10, decay_ratio=0.2, decay_type="linear", min_lr_factor=0.1)
+    resumed, _ = _run_schedule(longer, 20, schedulers.state_dict(), until=20)
+    assert resumed[:11] == pytest.approx([2e-3] * 11)
+
+
+def test_resume_with_the_same_schedule_is_unchanged(caplog) -> None:
+    uninterrupted, _ = _run_schedule(WSD, 20, until=20)
+    _, schedulers = _run_schedule(WSD, 20, until=12)
+    with caplog.at_level("WARNING"):
+        resumed, _ = _run_schedule(WSD, 20, schedulers.state_dict(), until=20)
+    assert resumed == uninterrupted[12:]
+    assert not [r for r in caplog.records if "LR schedule changed" in r.message]

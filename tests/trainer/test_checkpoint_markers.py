@@ -8,10 +8,12 @@ from pathlib import Path
 
 from titan_delta.trainer.checkpoint import (
     COMPLETE_MARKER,
+    checkpoint_problem,
     delete_checkpoint_dir,
     latest_complete_step,
     list_checkpoint_dirs,
     mark_complete,
+    saved_files,
     stale_checkpoint_dirs,
     unmark,
 )
@@ -26,7 +28,7 @@ def _make(
     if metadata:
         (path / ".metadata").write_bytes(b"meta")
     if marker:
-        mark_complete(str(path), step, {"resumable": resumable})
+        mark_complete(str(path), step, {"resumable": resumable, "files": saved_files(str(path))})
     return path
 
 
@@ -70,3 +72,22 @@ def test_keep_latest_k_counts_complete_only(tmp_path: Path) -> None:
         (8, True),
         (10, False),
     ]
+
+
+def test_truncated_or_deleted_files_make_a_checkpoint_incomplete(tmp_path: Path) -> None:
+    for s in (2, 4, 6):
+        _make(tmp_path, s)
+    assert json.loads((tmp_path / "step-6" / COMPLETE_MARKER).read_text())["files"] == {
+        "__0_0.distcp": 5,
+        ".metadata": 4,
+    }
+    (tmp_path / "step-6" / "__0_0.distcp").write_bytes(b"sh")  # truncated
+    assert checkpoint_problem(str(tmp_path / "step-6")) == "__0_0.distcp has 2 bytes, 5 were written"
+    assert latest_complete_step(str(tmp_path), resumable_only=True) == 4
+    (tmp_path / "step-4" / "__0_0.distcp").unlink()
+    assert checkpoint_problem(str(tmp_path / "step-4")) == "__0_0.distcp is missing"
+    assert latest_complete_step(str(tmp_path), resumable_only=True) == 2
+    assert "did not finish" in checkpoint_problem(str(_make(tmp_path, 8, marker=False)))
+    # keep-latest-k never counts a damaged folder among the k it keeps
+    stale = stale_checkpoint_dirs(str(tmp_path), keep_latest_k=2, protect_step=8)
+    assert sorted(stale) == [str(tmp_path / "step-4"), str(tmp_path / "step-6")]

@@ -6,6 +6,10 @@ mid-``rmtree`` leaves a folder with some shards gone. So rank 0 writes ``COMPLET
 reports the save finished (for async saves: when the upload future resolves), removes it before
 (re)writing or deleting a folder, and only folders with the marker count as checkpoints — for loading,
 for "latest", and for keep-latest-k (torn folders are deleted, never counted).
+
+The marker also lists every file of the save with its size. A folder whose files were later truncated or
+deleted (a full disk, a partial copy, a cleanup script) no longer counts as complete either: resuming
+skips it for the previous whole checkpoint and the warning names the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -59,10 +63,42 @@ def _resumable(path: str) -> bool:
         return False
 
 
+def saved_files(path: str) -> dict[str, int]:
+    """{relative path: size in bytes} of every file of a save, the marker and temp files excluded."""
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            if name in (COMPLETE_MARKER, f".{COMPLETE_MARKER}.tmp"):
+                continue
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    return files
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why ``path`` is not a whole checkpoint, or None when it is."""
+    marker = os.path.join(path, COMPLETE_MARKER)
+    if not os.path.isfile(marker):
+        return f"no {COMPLETE_MARKER} (the save did not finish)"
+    if not os.path.isfile(os.path.join(path, DCP_METADATA)):
+        return f"{DCP_METADATA} is missing"
+    try:
+        with open(marker) as f:
+            recorded = json.load(f).get("files")
+    except (OSError, ValueError) as err:
+        return f"{COMPLETE_MARKER} is unreadable ({err})"
+    for name, size in sorted((recorded or {}).items()):
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            return f"{name} is missing"
+        actual = os.path.getsize(full)
+        if actual != size:
+            return f"{name} has {actual} bytes, {size} were written"
+    return None
+
+
 def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, COMPLETE_MARKER)) and os.path.isfile(
-        os.path.join(path, DCP_METADATA)
-    )
+    return checkpoint_problem(path) is None
 
 
 def latest_complete_step(folder: str, resumable_only: bool = False) -> int:
@@ -118,9 +154,9 @@ class MarkedCheckpointManager(CheckpointManager):
     def _find_load_step(self, folder: str = "") -> int:
         folder = folder or self.folder
         dirs = list_checkpoint_dirs(folder)
-        torn = [c.step for c in dirs if not c.complete]
+        torn = [f"step-{c.step} ({checkpoint_problem(c.path)})" for c in dirs if not c.complete]
         if torn:
-            logger.warning(f"Ignoring incomplete checkpoint folders in {folder}: steps {torn}")
+            logger.warning(f"Ignoring incomplete checkpoint folders in {folder}: {'; '.join(torn)}")
         model_only = [c.step for c in dirs if c.complete and not c.resumable]
         if model_only:
             logger.warning(f"Not resuming from model-only checkpoints in {folder}: steps {model_only}")
@@ -129,10 +165,11 @@ class MarkedCheckpointManager(CheckpointManager):
     def load(self, step: int = -1) -> bool:
         if step != -1 and self.enable and os.path.isdir(self.folder):
             path = self._create_checkpoint_id(step)
-            if os.path.isdir(path) and not is_complete(path):
+            problem = checkpoint_problem(path) if os.path.isdir(path) else None
+            if problem:
                 raise FileNotFoundError(
-                    f"[checkpoint] load_step = {step}: {path} is incomplete (no {COMPLETE_MARKER}; the save "
-                    "was interrupted). Pick a complete step or -1 for the latest complete one."
+                    f"[checkpoint] load_step = {step}: {path} is incomplete: {problem}. Pick a complete step "
+                    "or -1 for the latest complete one."
                 )
         return super().load(step)
 
@@ -181,7 +218,8 @@ class MarkedCheckpointManager(CheckpointManager):
             if os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
                 return
             world = dist.get_world_size() if dist.is_initialized() else 1
-            mark_complete(path, step, {"world_size": world, "resumable": resumable})
+            extra = {"world_size": world, "resumable": resumable, "files": saved_files(path)}
+            mark_complete(path, step, extra)
         logger.info(f"Checkpoint step {step} complete ({path})")
 
     def save(self, curr_step: int, last_step: bool = False) -> None:

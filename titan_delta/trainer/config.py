@@ -39,6 +39,13 @@ class Model:
 
 
 @dataclass
+class Training:
+    seed: int = 0
+    """Base RNG seed: identical configs give identical runs. ``[debug] seed``, when set, takes precedence
+    (torchtitan's spelling of the same setting)"""
+
+
+@dataclass
 class Optimizer:
     no_weight_decay: list[str] = field(default_factory=lambda: list(DEFAULT_NO_WEIGHT_DECAY))
     """Parameters whose name contains one of these get no weight decay (besides all 0-/1-dim ones)"""
@@ -70,6 +77,7 @@ class NanPolicy:
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
     optimizer: Optimizer = field(default_factory=Optimizer)
     metrics: Metrics = field(default_factory=Metrics)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)

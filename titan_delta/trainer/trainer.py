@@ -2,6 +2,8 @@
 
 - The tokenizer's vocabulary reaches the model args: torchtitan 0.2.2 calls
   ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
+- ``[training] seed`` (default 0) seeds the run unless ``[debug] seed`` is set, so identical configs
+  train identically.
 - Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) and the RNG states.
 - ``train_step`` applies the NaN/Inf policy (:mod:`titan_delta.trainer.nonfinite`), logs the LR and
   the skipped-step count, and runs the scheduled lm-eval tasks (:mod:`titan_delta.eval.scheduled`);
@@ -32,6 +34,8 @@ Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 class TitanDeltaTrainer(Trainer):
     def __init__(self, job_config: JobConfig) -> None:
+        if job_config.debug.seed is None:  # torchtitan would draw a random seed
+            job_config.debug.seed = job_config.training.seed
         self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
         spec = train_spec_module.get_train_spec(job_config.model.name)
         if spec.build_tokenizer_fn is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -38,26 +39,56 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def command(dump: Path, args: list[str], nproc: int = 1) -> tuple[list[str], dict[str, str]]:
+FAULTS_ENTRY = "tests.trainer.faults"  # titan_delta.train with injected faults (tests/trainer/faults.py)
+
+
+def command(
+    dump: Path, args: list[str], nproc: int = 1, fault: dict | None = None, rows_dir: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The trainer's command: one process, the single-node launcher, or (with a fault or a row record)
+    torchrun running the fault-injecting entry point on every rank."""
     train_args = [*BASE_ARGS, "--job.dump_folder", str(dump), *args]
+    if fault is not None or rows_dir is not None:
+        extra = {"TITAN_DELTA_FAULT": json.dumps(fault) if fault else ""}
+        extra["TITAN_DELTA_ROWS_DIR"] = str(rows_dir or "")
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                    f"--nproc_per_node={nproc}", "--role=rank", "--tee=3"]  # fmt: skip
+        return [*torchrun, "-m", FAULTS_ENTRY, *train_args], _env(extra)
     if nproc == 1:
         return [sys.executable, "-m", "titan_delta.train", *train_args], _env()
     return ["bash", str(LAUNCHER), *train_args], _env({"NGPU": str(nproc), "CONFIG": str(DEBUG_CONFIG)})
 
 
-def train(dump: Path, args: list[str], nproc: int = 1, expect_rc: int = 0) -> str:
-    """Run to completion; returns the combined output, asserting the exit code."""
-    cmd, env = command(dump, args, nproc)
+def train(
+    dump: Path,
+    args: list[str],
+    nproc: int = 1,
+    expect_rc: int | None = 0,
+    fault: dict | None = None,
+    rows_dir: Path | None = None,
+) -> str:
+    """Run to completion; returns the combined output, asserting the exit code (None: any)."""
+    cmd, env = command(dump, args, nproc, fault, rows_dir)
     proc = subprocess.run(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S
     )
-    assert proc.returncode == expect_rc, f"exit code {proc.returncode} != {expect_rc}:\n{proc.stdout[-6000:]}"
+    if expect_rc is not None:
+        assert proc.returncode == expect_rc, (
+            f"exit code {proc.returncode} != {expect_rc}:\n{proc.stdout[-6000:]}"
+        )
     return proc.stdout
 
 
-def train_until(dump: Path, args: list[str], nproc: int, marker: str) -> str:
-    """Start training and SIGKILL the whole process group once ``marker`` appears in its output."""
-    cmd, env = command(dump, args, nproc)
+def train_until(
+    dump: Path,
+    args: list[str],
+    nproc: int,
+    marker: str,
+    fault: dict | None = None,
+    rows_dir: Path | None = None,
+) -> str:
+    """Start training and SIGKILL the whole job (every process) once ``marker`` appears in its output."""
+    cmd, env = command(dump, args, nproc, fault, rows_dir)
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,

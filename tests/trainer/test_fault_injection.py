@@ -1,0 +1,97 @@
+"""Faults injected into real multi-process runs (CPU, gloo, torchrun): a kill during an async save, NaN on
+one rank, one rank killed mid-step, a save after a scheduled eval. The kill at a random step with a damaged
+newest checkpoint is in test_resume.py; the 4-rank cases are in test_fault_injection_4ranks.py."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+from tests.trainer.conftest import STEPS_LONG, checkpointed_fsdp_args
+from tests.trainer.helpers import scalars, train, train_until
+from titan_delta.trainer.checkpoint import list_checkpoint_dirs
+
+LOSS = "loss_metrics/global_avg_loss"
+
+
+def assert_same_curves(dump, reference_dump, steps, tb_folder: str = "tb") -> None:
+    """Loss, gradient norm and LR of ``steps`` are bitwise the reference run's."""
+    for tag in (LOSS, "grad_norm", "lr"):
+        got, want = scalars(dump, tag, tb_folder=tb_folder), scalars(reference_dump, tag)
+        assert sorted(got) == list(steps), (tag, got)
+        for step in steps:
+            assert got[step] == want[step], f"{tag} at step {step}: {got[step]} != {want[step]}"
+
+
+def test_kill_during_an_async_save_resumes_exactly(runs_root, seed_checkpoint, fsdp_run) -> None:
+    """The job dies while step 4's async save is being written: step 4 never counts, the resume starts
+    from step 2 and the curve is bitwise the uninterrupted run's."""
+    reference_dump, _ = fsdp_run
+    dump = runs_root / "killed_in_async_save"
+    args = [*checkpointed_fsdp_args(seed_checkpoint), "--checkpoint.async_mode", "async"]
+    fault = {"kind": "hold_save", "step": 4}
+    train_until(dump, args, nproc=2, marker="FAULT: holding the save of step-4", fault=fault)
+    dirs = list_checkpoint_dirs(str(dump / "checkpoint"))
+    assert [(c.step, c.complete) for c in dirs] == [(2, True), (4, False)]
+
+    output = train(dump, [*args, "--metrics.save_tb_folder", "tb_resumed"], nproc=2)
+    assert "Ignoring incomplete checkpoint folders" in output and "step-4 (no COMPLETE.json" in output
+    assert "Training starts at step 3" in output
+    assert_same_curves(dump, reference_dump, range(3, STEPS_LONG + 1), tb_folder="tb_resumed")
+    assert [c.step for c in list_checkpoint_dirs(str(dump / "checkpoint")) if c.complete] == [4, 6]
+
+
+def _lines(output: str, text: str) -> dict[int, str]:
+    """{rank: line} of the lines containing ``text`` (torchrun prefixes each with [rankN]:)."""
+    found = {}
+    for line in output.splitlines():
+        match = re.match(r"\[rank(\d+)\]:", line)
+        if match and text in line:
+            found[int(match.group(1))] = line
+    return found
+
+
+def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root, seed_checkpoint) -> None:
+    dump = runs_root / "nan_skip"
+    args = [*checkpointed_fsdp_args(seed_checkpoint), "--training.steps", "4", "--checkpoint.no-enable"]
+    output = train(dump, args, nproc=2, fault={"kind": "nan_loss", "rank": 1, "step": 2})
+    skipped = _lines(output, "step 2: gradient norm is nan")
+    assert sorted(skipped) == [0, 1] and all("skipping this update" in line for line in skipped.values())
+    assert scalars(dump, "skipped_steps")[4] == 1
+    losses = scalars(dump, LOSS)
+    assert math.isnan(losses[2]) and all(math.isfinite(losses[s]) for s in (1, 3, 4)), losses
+
+
+def test_nan_over_the_limit_stops_every_rank(runs_root, seed_checkpoint) -> None:
+    dump = runs_root / "nan_stop"
+    args = [*checkpointed_fsdp_args(seed_checkpoint), "--training.steps", "4", "--checkpoint.no-enable",
+            "--nan_policy.max_skipped_steps", "0"]  # fmt: skip
+    output = train(dump, args, nproc=2, expect_rc=None, fault={"kind": "nan_loss", "rank": 0, "step": 3})
+    stopped = _lines(output, "Training stopped: step 3: gradient norm is nan")
+    assert sorted(stopped) == [0, 1], output[-4000:]
+    assert "exitcode  : 3" in output  # each worker's own exit code, as torchrun reports it
+    assert "step:  4" not in output
+
+
+def test_a_rank_killed_mid_step_ends_the_job_naming_it(runs_root, seed_checkpoint) -> None:
+    dump = runs_root / "rank_killed"
+    args = [*checkpointed_fsdp_args(seed_checkpoint), "--checkpoint.no-enable"]
+    started = time.monotonic()
+    output = train(dump, args, nproc=2, expect_rc=1, fault={"kind": "kill_rank", "rank": 1, "step": 3})
+    assert "FAULT: rank 1 kills itself at step 3" in output
+    summary = output[output.index("Root Cause") :]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)", summary) and "Signal 9 (SIGKILL)" in summary
+    assert "step:  3" not in output
+    assert time.monotonic() - started < 120  # torchrun stops the survivors; nobody waits for a timeout
+
+
+def test_saves_after_a_scheduled_eval(runs_root) -> None:
+    """The finding: on 2 FSDP ranks, the first save after an eval failed with KeyError in the optimizer
+    state dict (the eval's forward left the root's unsharded parameters registered)."""
+    dump = runs_root / "eval_then_save"
+    args = ["--eval.enable", "--eval.interval", "2", "--eval.limit", "1", "--checkpoint.enable",
+            "--checkpoint.interval", "2", "--training.steps", "4"]  # fmt: skip
+    output = train(dump, args, nproc=2)
+    assert "eval at step 2" in output and "KeyError" not in output
+    assert [c.step for c in list_checkpoint_dirs(str(dump / "checkpoint")) if c.complete] == [2, 4]

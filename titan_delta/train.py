@@ -4,6 +4,11 @@ Run it directly for one process (CPU or one GPU) or under ``torchrun`` (the laun
 that). CLI overrides take precedence over the TOML, which takes precedence over the defaults. Our config
 sections (``[data]``, ``[nan_policy]``, extra keys of ``[optimizer]``/``[metrics]``/``[checkpoint]``)
 are merged through torchtitan's ``job.custom_config_module``, selected here automatically.
+
+The config and every path it names (data sources, tokenizer, pre-tokenised folder, checkpoints to load,
+eval tasks) are checked before anything is built; a problem is one ``Config error:`` line and exit code 2.
+``--check_only`` stops after these checks (exit 0 when they pass): the launchers run it once before
+torchrun, which would otherwise turn the workers' exit code 2 into its own exit 1 and a failure report.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torchtitan.tools.logging import init_logger, logger
 
 EXIT_CONFIG_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
+CHECK_ONLY_FLAGS = ("--check_only", "--check-only")
 
 
 def _cli_value(argv: list[str], *keys: str) -> str | None:
@@ -70,27 +76,43 @@ def build_args(argv: list[str]) -> list[str]:
     return argv if chosen else [*argv, "--job.custom_config_module", CUSTOM_CONFIG_MODULE]
 
 
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line. An error raised in a data-loader worker arrives re-raised with
+    the worker's traceback in its message; the last line of that is the original ``Type: message``."""
+    lines = str(err).strip().splitlines()
+    if len(lines) <= 1:
+        return str(err)
+    name = type(err).__name__
+    return lines[-1].removeprefix(f"{type(err).__module__}.{name}: ").removeprefix(f"{name}: ")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_only = any(arg in CHECK_ONLY_FLAGS for arg in argv)
+    argv = [arg for arg in argv if arg not in CHECK_ONLY_FLAGS]
     init_logger()
     from torchtitan.config import ConfigManager
 
     from titan_delta.trainer import registered_families, setup_torchtitan
     from titan_delta.trainer.config_checks import ConfigError, check_job_config
     from titan_delta.trainer.nonfinite import NonFiniteTrainingError
+    from titan_delta.trainer.path_checks import check_paths
 
     setup_torchtitan()
     try:
         args = build_args(argv)
         config = ConfigManager().parse_args(args)
         check_job_config(config, registered_families())
+        if config.checkpoint.create_seed_checkpoint and os.environ.get("WORLD_SIZE", "1") != "1":
+            raise ConfigError("[checkpoint] create_seed_checkpoint needs one process (WORLD_SIZE=1)")
+        check_paths(config)
     except ConfigError as err:
         logger.error(f"Config error: {err}")
         return EXIT_CONFIG_ERROR
+    if check_only:
+        logger.info("Config check passed")
+        return 0
     ensure_single_process_env()
-    if config.checkpoint.create_seed_checkpoint and os.environ.get("WORLD_SIZE", "1") != "1":
-        logger.error("Config error: [checkpoint] create_seed_checkpoint needs one process (WORLD_SIZE=1)")
-        return EXIT_CONFIG_ERROR
     return run(config, NonFiniteTrainingError)
 
 
@@ -98,6 +120,9 @@ def run(config: Any, stop_error: type[Exception]) -> int:
     """Train (or only write the step-0 seed checkpoint); returns the process exit code."""
     import torch.distributed as dist
 
+    from titan_delta.data.config import DataConfigError
+    from titan_delta.trainer.config_checks import ConfigError
+    from titan_delta.trainer.dcp_model import CheckpointError
     from titan_delta.trainer.trainer import TitanDeltaTrainer
 
     trainer = None
@@ -113,6 +138,11 @@ def run(config: Any, stop_error: type[Exception]) -> int:
     except stop_error as err:
         logger.error(f"Training stopped: {err}")
         return EXIT_TRAINING_STOPPED
+    except (ConfigError, DataConfigError, CheckpointError, FileNotFoundError) as err:
+        # What the up-front checks cannot see (a file's contents, shards written with another tokenizer,
+        # a file removed after the check) is still one line and exit code 2, not a traceback.
+        logger.error(f"Config error: {one_line(err)}")
+        return EXIT_CONFIG_ERROR
     finally:
         if trainer is not None:
             trainer.close()

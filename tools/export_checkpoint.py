@@ -49,8 +49,11 @@ def export(checkpoint: str, config: str, out: str, step: int | None = None, dtyp
     if args.enable_weight_tying:
         state.pop("output.weight", None)  # safetensors refuses shared storage; config.json records the tie
     tensors = {k: v.to(DTYPES[dtype]).contiguous() for k, v in state.items()}
-    os.makedirs(out, exist_ok=True)
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    try:
+        os.makedirs(out, exist_ok=True)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    except OSError as err:
+        raise ExportError(f"--out {out}: cannot write the export ({err})") from err
     with open(os.path.join(step_dir, COMPLETE_MARKER)) as f:
         marker = json.load(f)
     model_section, data = values.get("model", {}), values.get("data", {})

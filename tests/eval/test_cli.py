@@ -95,4 +95,4 @@ def test_bad_input_gives_clear_errors(tmp_path, capsys) -> None:
     assert "--limit" in capsys.readouterr().err
     code = main(["--checkpoint", str(tmp_path / "export"), "--tasks", "no_such_task_xyz",
                  "--output", str(tmp_path / "x.json")])  # fmt: skip
-    assert code == 1 and "no_such_task_xyz" in capsys.readouterr().err
+    assert code == 2 and "--tasks: 'no_such_task_xyz': unknown task" in capsys.readouterr().err

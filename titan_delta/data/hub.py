@@ -28,10 +28,10 @@ class HubSource:
                  backoff_s: float = 2.0) -> None:
         unknown = set(options) - set(HUB_OPTIONS)
         if unknown:
-            raise DataConfigError(f"hub source {path!r}: unknown options {sorted(unknown)}; "
+            raise DataConfigError(f"[data] sources: hf:{path}: unknown options {sorted(unknown)}; "
                                   f"known: {', '.join(HUB_OPTIONS)}, field")
         if not path:
-            raise DataConfigError("hub source needs a dataset name: hf:OWNER/NAME?name=CONFIG")
+            raise DataConfigError("[data] sources: hf: needs a dataset name: hf:OWNER/NAME?name=CONFIG")
         self.path, self.options, self.field = path, options, field
         self.retries, self.backoff_s = retries, backoff_s
         self._dataset: Any = None

@@ -35,7 +35,8 @@ class LocalSource:
         self.kind, self.pattern, self.field = kind, pattern, field
         self.files = sorted(Path(p) for p in glob.glob(str(Path(pattern).expanduser()), recursive=True))
         if not self.files:
-            raise DataConfigError(f"data source {kind}:{pattern}: no file matches")
+            what = f"no file matches (expected {kind} files)" if glob.has_magic(pattern) else "file not found"
+            raise DataConfigError(f"[data] sources: {pattern}: {what}")
         self._counts: list[int] | None = None
 
     @property
@@ -68,7 +69,7 @@ class LocalSource:
             if not infinite:
                 return
             if emitted == 0 and position == 0:
-                raise DataConfigError(f"data source {self.name} holds no records")
+                raise DataConfigError(f"[data] sources: {self.name}: holds no records")
             position = 0
 
     def _one_epoch(self, start: int) -> Iterator[Record]:
@@ -95,7 +96,7 @@ class LocalSource:
         try:
             return pq.ParquetFile(path)
         except (OSError, pa.ArrowInvalid) as err:
-            raise DataConfigError(f"data source {self.name}: cannot read parquet file {path}: {err}") from err
+            raise DataConfigError(f"[data] sources: {path}: cannot read it as parquet ({err})") from err
 
     def _parquet_records(self, path: Path, start: int) -> Iterator[Record]:
         pf = self._parquet(path)
@@ -167,13 +168,13 @@ def parse_source(spec: str, default_field: str, retries: int = 5, backoff_s: flo
     if sep and kind == "hf":
         return HubSource(rest, options, field, retries=retries, backoff_s=backoff_s)
     if options:
-        raise DataConfigError(f"data source {spec!r}: unknown options {sorted(options)} (only 'field')")
+        raise DataConfigError(f"[data] sources: {spec!r}: unknown options {sorted(options)} (only 'field')")
     if sep and kind in ("parquet", "jsonl", "txt"):
         return LocalSource(kind, rest, field)
     suffix = Path(body).suffix
     if suffix in EXTENSIONS:
         return LocalSource(EXTENSIONS[suffix], body, field)
     raise DataConfigError(
-        f"data source {spec!r}: expected 'default', 'hf:OWNER/NAME?...', 'parquet:GLOB', 'jsonl:GLOB', "
+        f"[data] sources: {spec!r}: expected 'default', 'hf:OWNER/NAME?...', 'parquet:GLOB', 'jsonl:GLOB', "
         "'txt:GLOB' or a glob ending in .parquet/.jsonl/.jsonl.gz/.txt"
     )

@@ -55,8 +55,11 @@ def load_exported(folder: str) -> LoadedCheckpoint:
     from safetensors.torch import load_file
 
     config_path = os.path.join(folder, "config.json")
-    with open(config_path) as f:
-        config = json.load(f)
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{config_path}: unreadable ({err}); expected export_checkpoint JSON") from err
     if not isinstance(config.get("model_args"), dict):
         raise CheckpointError(f"{config_path}: expected a 'model_args' object (written by export_checkpoint)")
     model = TitanDeltaLM(_model_args(config["model_args"], config_path))

@@ -63,10 +63,14 @@ def _init_distributed(device: torch.device) -> None:
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, str]]:
     from titan_delta.eval.adapter import TitanDeltaEvalLM
-    from titan_delta.eval.harness import run_tasks
+    from titan_delta.eval.harness import run_tasks, task_manager_for, unknown_task_message
 
     names = expand_task_names(args.tasks)
     limit = _limit(args.limit)
+    manager = task_manager_for(names)
+    unknown = unknown_task_message(names, manager)
+    if unknown:
+        raise CheckpointError(f"--tasks: {unknown}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     _init_distributed(device)
     if device.type == "cuda":
@@ -78,8 +82,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, str]
         model, loaded.tokenizer, batch_size=args.batch_size, max_length=args.max_length, add_bos=add_bos
     )
     outcome = run_tasks(
-        lm, names, limit=limit, num_fewshot=args.num_fewshot, bootstrap_iters=args.bootstrap_iters
-    )
+        lm, names, limit=limit, num_fewshot=args.num_fewshot, bootstrap_iters=args.bootstrap_iters,
+        manager=manager,
+    )  # fmt: skip
     if outcome.results is not None:
         outcome.results["titan_delta"] = {
             "checkpoint": loaded.source,

@@ -7,13 +7,15 @@ collective the others never join. A task that cannot be found or loaded is repor
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from titan_delta.eval.distributed import RankShare
-from titan_delta.eval.local_tasks import task_manager_for, task_spec
+from titan_delta.eval.local_tasks import LOCAL_SUITE, PAPER_SUITE, task_manager_for, task_spec
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,31 @@ def load_tasks(
     return [task for _, tasks in loaded for task in tasks], failed
 
 
+def unknown_task_message(names: list[str], manager: Any = None) -> str | None:
+    """One line on the first of ``names`` that lm-eval cannot load (None when every one can): neither a
+    shipped task, nor a registered task, group or tag, nor a task YAML file. lm-eval's index of its
+    built-in tasks takes seconds to build, so it is built only for names outside the shipped and paper
+    suites (and ``manager``, when given, is reused)."""
+    expected = (
+        "expected a shipped task (" + ", ".join(LOCAL_SUITE) + "), 'local', 'paper', an lm-eval task, "
+        "group or tag name, or a task YAML file"
+    )
+    rest = [name for name in names if name not in LOCAL_SUITE and name not in PAPER_SUITE]
+    for name in rest:
+        if name.endswith((".yaml", ".yml")) and not os.path.isfile(name):
+            return f"{name}: file not found ({expected})"
+    rest = [name for name in rest if not os.path.isfile(name)]
+    if not rest:
+        return None
+    known = set((manager or task_manager_for(rest)).all_tasks)
+    for name in rest:
+        if name not in known:
+            close = difflib.get_close_matches(name, [*LOCAL_SUITE, *known], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"{name!r}: unknown task{hint}; {expected}"
+    return None
+
+
 def run_tasks(
     lm: Any,
     names: list[str],
@@ -54,13 +81,15 @@ def run_tasks(
     cache_dir: str | None = None,
     bootstrap_iters: int = 0,
     seed: int = 1234,
+    manager: Any = None,
 ) -> HarnessRun:
     """Evaluate ``names`` with ``lm`` (a ``TitanDeltaEvalLM``). ``limit``: examples per task (a fraction
-    when < 1); None = all. ``bootstrap_iters`` = 0 skips stderr bootstrapping (fast; stderr → N/A)."""
+    when < 1); None = all. ``bootstrap_iters`` = 0 skips stderr bootstrapping (fast; stderr → N/A).
+    ``manager``: an lm-eval TaskManager that knows ``names`` (built here when None)."""
     from lm_eval import simple_evaluate
 
     share = getattr(lm, "share", None) or RankShare()
-    manager = task_manager_for(names)
+    manager = manager or task_manager_for(names)
     tasks, failed = load_tasks(names, share, manager, cache_dir)
     for name, reason in failed.items():
         logger.warning(f"eval: skipping task {name!r}: {reason}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from titan_delta.models import MODEL_FLAVORS, ModelArgs, TitanDeltaLM
 from titan_delta.trainer.checkpoint import COMPLETE_MARKER, is_complete, latest_complete_step
@@ -112,8 +113,18 @@ def load_model(step_dir: str, args: ModelArgs, config_path: str) -> TitanDeltaLM
         raise CheckpointError(
             f"{step_dir}: weight shapes differ from {config_path}'s model (checkpoint vs config): {wrong[:3]}"
         )
-    dcp.load(state, checkpoint_id=step_dir)
+    try:
+        dcp.load(state, checkpoint_id=step_dir)
+    except (OSError, CheckpointException) as err:
+        raise CheckpointError(f"{step_dir}: cannot read the model weights ({_first_failure(err)})") from err
     model.load_state_dict(state, strict=not args.enable_weight_tying)
     if args.enable_weight_tying:
         model.output.weight = model.tok_embeddings.weight  # to_empty() untied them
     return model
+
+
+def _first_failure(err: BaseException) -> str:
+    """The underlying error of a DCP failure (a CheckpointException wraps one per rank, with tracebacks)."""
+    if isinstance(err, CheckpointException) and err.failures:
+        err = next(iter(err.failures.values()))[0]
+    return f"{type(err).__name__}: {err}"

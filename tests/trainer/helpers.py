@@ -7,6 +7,7 @@ import contextlib
 import glob
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,12 +30,17 @@ BASE_ARGS = [
     "--data.num_workers", "0",
     "--eval.no-enable",  # the scheduled evals have their own test (tests/trainer/test_scheduled_eval.py)
 ]  # fmt: skip
+# Extra trainer arguments for every run, e.g. bf16 parameters when tools/gpu_proof_checkpoint.sh runs these
+# tests on GPUs (they run on whatever device torch finds).
+EXTRA_ARGS = shlex.split(os.environ.get("TITAN_DELTA_TEST_TRAIN_ARGS", ""))
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("LOCAL_RANK", None)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "LOG_RANK": "0,1,2,3"})
+    # PREFLIGHT=0: the launcher's config check (tests/trainer/test_path_errors.py) would add a process start
+    # to every launcher run here
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "LOG_RANK": "0,1,2,3", "PREFLIGHT": "0"})
     env.update(extra or {})
     return env
 
@@ -47,7 +53,7 @@ def command(
 ) -> tuple[list[str], dict[str, str]]:
     """The trainer's command: one process, the single-node launcher, or (with a fault or a row record)
     torchrun running the fault-injecting entry point on every rank."""
-    train_args = [*BASE_ARGS, "--job.dump_folder", str(dump), *args]
+    train_args = [*BASE_ARGS, *EXTRA_ARGS, "--job.dump_folder", str(dump), *args]
     if fault is not None or rows_dir is not None:
         extra = {"TITAN_DELTA_FAULT": json.dumps(fault) if fault else ""}
         extra["TITAN_DELTA_ROWS_DIR"] = str(rows_dir or "")

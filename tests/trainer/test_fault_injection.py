@@ -13,6 +13,7 @@ from tests.trainer.helpers import scalars, train, train_until
 from titan_delta.trainer.checkpoint import list_checkpoint_dirs
 
 LOSS = "loss_metrics/global_avg_loss"
+SHORT_RUN = ["--training.local_batch_size", "2", "--checkpoint.no-enable"]
 
 
 def assert_same_curves(dump, reference_dump, steps, tb_folder: str = "tb") -> None:
@@ -52,9 +53,9 @@ def _lines(output: str, text: str) -> dict[int, str]:
     return found
 
 
-def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root, seed_checkpoint) -> None:
+def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root) -> None:
     dump = runs_root / "nan_skip"
-    args = [*checkpointed_fsdp_args(seed_checkpoint), "--training.steps", "4", "--checkpoint.no-enable"]
+    args = [*SHORT_RUN, "--training.steps", "4"]
     output = train(dump, args, nproc=2, fault={"kind": "nan_loss", "rank": 1, "step": 2})
     skipped = _lines(output, "step 2: gradient norm is nan")
     assert sorted(skipped) == [0, 1] and all("skipping this update" in line for line in skipped.values())
@@ -63,10 +64,9 @@ def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root, seed_checkpoint) ->
     assert math.isnan(losses[2]) and all(math.isfinite(losses[s]) for s in (1, 3, 4)), losses
 
 
-def test_nan_over_the_limit_stops_every_rank(runs_root, seed_checkpoint) -> None:
+def test_nan_over_the_limit_stops_every_rank(runs_root) -> None:
     dump = runs_root / "nan_stop"
-    args = [*checkpointed_fsdp_args(seed_checkpoint), "--training.steps", "4", "--checkpoint.no-enable",
-            "--nan_policy.max_skipped_steps", "0"]  # fmt: skip
+    args = [*SHORT_RUN, "--training.steps", "4", "--nan_policy.max_skipped_steps", "0"]
     output = train(dump, args, nproc=2, expect_rc=None, fault={"kind": "nan_loss", "rank": 0, "step": 3})
     stopped = _lines(output, "Training stopped: step 3: gradient norm is nan")
     assert sorted(stopped) == [0, 1], output[-4000:]
@@ -74,9 +74,9 @@ def test_nan_over_the_limit_stops_every_rank(runs_root, seed_checkpoint) -> None
     assert "step:  4" not in output
 
 
-def test_a_rank_killed_mid_step_ends_the_job_naming_it(runs_root, seed_checkpoint) -> None:
+def test_a_rank_killed_mid_step_ends_the_job_naming_it(runs_root) -> None:
     dump = runs_root / "rank_killed"
-    args = [*checkpointed_fsdp_args(seed_checkpoint), "--checkpoint.no-enable"]
+    args = [*SHORT_RUN, "--training.steps", "6"]
     started = time.monotonic()
     output = train(dump, args, nproc=2, expect_rc=1, fault={"kind": "kill_rank", "rank": 1, "step": 3})
     assert "FAULT: rank 1 kills itself at step 3" in output

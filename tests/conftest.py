@@ -13,8 +13,15 @@ if not torch.cuda.is_available():
 
 import pytest
 
+SHARED_RUN_FIXTURES = {"runs_root", "seed_checkpoint", "fsdp_run", "single_run"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (--dist loadgroup) the tests that share the session's training runs
+    # (tests/trainer/conftest.py) stay on one worker, which runs each of them once.
+    shared_runs = pytest.mark.xdist_group("shared_training_runs")
+    for item in items:
+        if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(shared_runs)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run tools/gpu_proof.sh on one)")

@@ -53,8 +53,8 @@ def _lines(output: str, text: str) -> dict[int, str]:
     return found
 
 
-def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root) -> None:
-    dump = runs_root / "nan_skip"
+def test_nan_on_one_rank_is_skipped_on_every_rank(tmp_path) -> None:
+    dump = tmp_path / "nan_skip"
     args = [*SHORT_RUN, "--training.steps", "4"]
     output = train(dump, args, nproc=2, fault={"kind": "nan_loss", "rank": 1, "step": 2})
     skipped = _lines(output, "step 2: gradient norm is nan")
@@ -64,8 +64,8 @@ def test_nan_on_one_rank_is_skipped_on_every_rank(runs_root) -> None:
     assert math.isnan(losses[2]) and all(math.isfinite(losses[s]) for s in (1, 3, 4)), losses
 
 
-def test_nan_over_the_limit_stops_every_rank(runs_root) -> None:
-    dump = runs_root / "nan_stop"
+def test_nan_over_the_limit_stops_every_rank(tmp_path) -> None:
+    dump = tmp_path / "nan_stop"
     args = [*SHORT_RUN, "--training.steps", "4", "--nan_policy.max_skipped_steps", "0"]
     output = train(dump, args, nproc=2, expect_rc=None, fault={"kind": "nan_loss", "rank": 0, "step": 3})
     stopped = _lines(output, "Training stopped: step 3: gradient norm is nan")
@@ -74,8 +74,8 @@ def test_nan_over_the_limit_stops_every_rank(runs_root) -> None:
     assert "step:  4" not in output
 
 
-def test_a_rank_killed_mid_step_ends_the_job_naming_it(runs_root) -> None:
-    dump = runs_root / "rank_killed"
+def test_a_rank_killed_mid_step_ends_the_job_naming_it(tmp_path) -> None:
+    dump = tmp_path / "rank_killed"
     args = [*SHORT_RUN, "--training.steps", "6"]
     started = time.monotonic()
     output = train(dump, args, nproc=2, expect_rc=1, fault={"kind": "kill_rank", "rank": 1, "step": 3})
@@ -86,10 +86,10 @@ def test_a_rank_killed_mid_step_ends_the_job_naming_it(runs_root) -> None:
     assert time.monotonic() - started < 120  # torchrun stops the survivors; nobody waits for a timeout
 
 
-def test_saves_after_a_scheduled_eval(runs_root) -> None:
+def test_saves_after_a_scheduled_eval(tmp_path) -> None:
     """The finding: on 2 FSDP ranks, the first save after an eval failed with KeyError in the optimizer
     state dict (the eval's forward left the root's unsharded parameters registered)."""
-    dump = runs_root / "eval_then_save"
+    dump = tmp_path / "eval_then_save"
     args = ["--eval.enable", "--eval.interval", "2", "--eval.limit", "1", "--checkpoint.enable",
             "--checkpoint.interval", "2", "--training.steps", "4"]  # fmt: skip
     output = train(dump, args, nproc=2)

@@ -39,9 +39,9 @@ def test_tensorboard_scalars_and_vocab_from_tokenizer(single_run) -> None:
     assert all(math.isnan(v) for v in scalars(dump, "mfu(%)").values())  # no meaningful CPU peak
 
 
-def test_nonfinite_steps_are_skipped_then_training_stops(runs_root) -> None:
+def test_nonfinite_steps_are_skipped_then_training_stops(tmp_path) -> None:
     """An absurd LR blows the weights up after step 1; from then on every gradient norm is NaN."""
-    dump = runs_root / "nan"
+    dump = tmp_path / "nan"
     args = [
         "--optimizer.lr", "1e30",
         "--lr_scheduler.warmup_steps", "0",

@@ -95,10 +95,10 @@ def test_kill_and_resume_matches_uninterrupted(runs_root, seed_checkpoint, fsdp_
     assert described["tokenizer_pattern"] == "" and described["model_name"] == "deltaformer"
 
 
-def test_resume_with_more_steps_continues_the_lr_schedule(runs_root) -> None:
+def test_resume_with_more_steps_continues_the_lr_schedule(tmp_path) -> None:
     """The finding: a finished 6-step run resumed with 10 steps went from its final LR (2e-4) back to the
     2e-3 peak. Now the LR stays on its decay and one warning line says what changed."""
-    dump = runs_root / "more_steps"
+    dump = tmp_path / "more_steps"
     args = ["--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "3"]
     train(dump, args)
     output = train(dump, [*args, "--training.steps", "10", "--metrics.save_tb_folder", "tb_resumed"])

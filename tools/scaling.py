@@ -1,0 +1,166 @@
+"""Data-parallel scaling table: tokens/s per GPU, efficiency against 1 GPU, MFU and peak memory per model,
+GPU count and strategy, every run on this machine in one invocation.
+
+    python tools/scaling.py --models transformer deltaformer gated_deltaproduct --gpus 1 2 4 \\
+        --strategies fsdp ddp hsdp --steps 100 --out outputs/scaling
+
+Each model trains its ``train_configs/<model>_<size>.toml`` config (``--config`` changes the pattern)
+through ``launch/run_single_node.sh`` on the first N GPUs (``CUDA_VISIBLE_DEVICES``), on the embedded
+corpus. The 1-GPU baselines of several models run side by
+side, one per GPU; multi-GPU runs go one at a time. Throughput is the mean over the log lines after the
+first ``--warmup-logs`` (compilation). Strategies: ``fsdp`` (full shard over all GPUs), ``fsdp_keep``
+(FSDP without resharding after forward), ``ddp`` (replicate only), ``hsdp`` (replicate 2 × shard N/2, the
+stand-in for 2 nodes). Without a GPU the same runs use CPU processes (a check of the tool, not a measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "launch" / "run_single_node.sh"
+STRATEGIES = {
+    "fsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "1",
+                       "--parallelism.data_parallel_shard_degree", str(n)],
+    "fsdp_keep": lambda n: ["--parallelism.data_parallel_replicate_degree", "1",
+                            "--parallelism.data_parallel_shard_degree", str(n),
+                            "--parallelism.fsdp_reshard_after_forward", "never"],
+    "ddp": lambda n: ["--parallelism.data_parallel_replicate_degree", str(n),
+                      "--parallelism.data_parallel_shard_degree", "1"],
+    "hsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "2",
+                       "--parallelism.data_parallel_shard_degree", str(n // 2)],
+}  # fmt: skip
+METRICS = re.compile(
+    r"step:\s*(\d+)\s+loss:\s*([\d.naif]+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+).*?mfu:\s*([\d.na]+)%"
+)
+
+
+@dataclass
+class Result:
+    model: str
+    strategy: str
+    gpus: int
+    tps: float | None  # tokens/s per GPU, None when the run failed
+    mfu: float | None
+    memory_gib: float | None
+    log: Path
+
+
+def summarize(log: Path, warmup_logs: int) -> tuple[float, float, float] | None:
+    """(mean tokens/s per GPU, mean MFU %, peak memory GiB) of the metric lines after warm-up."""
+    rows = [m.groups() for m in METRICS.finditer(log.read_text(errors="replace"))]
+    kept = rows[warmup_logs:]
+    if not kept:
+        return None
+    tps = statistics.mean(float(r[3].replace(",", "")) for r in kept)
+    mfu = statistics.mean(float(r[4]) for r in kept)
+    return tps, mfu, max(float(r[2]) for r in rows)
+
+
+def command(args: argparse.Namespace, model: str, gpus: int, strategy: str, dump: Path) -> list[str]:
+    parallel = STRATEGIES[strategy](gpus) if gpus > 1 else []
+    return [
+        "bash", str(LAUNCHER),
+        "--model.name", model, "--job.dump_folder", str(dump), "--training.steps", str(args.steps),
+        "--training.local_batch_size", str(args.local_batch), "--training.global_batch_size", "-1",
+        "--lr_scheduler.warmup_steps", str(min(20, args.steps // 5)), "--checkpoint.no-enable",
+        "--eval.no-enable", "--metrics.log_freq", str(args.log_freq), "--metrics.disable_color_printing",
+        "--data.sources", "default", *parallel, *args.extra,
+    ]  # fmt: skip
+
+
+def start(args: argparse.Namespace, model: str, gpus: int, strategy: str, first_gpu: int = 0):
+    name = f"{model}_{strategy}{gpus}" if gpus > 1 else f"{model}_1gpu"
+    dump = Path(args.out) / name
+    dump.mkdir(parents=True, exist_ok=True)
+    config = REPO / args.config.format(model=model, size=args.size)
+    env = dict(os.environ, NGPU=str(gpus), CONFIG=str(config), PREFLIGHT="0")
+    if args.cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(gpus))
+    log = dump / "train.log"
+    proc = subprocess.Popen(command(args, model, gpus, strategy, dump), cwd=REPO, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+    return proc, Result(model, strategy if gpus > 1 else "-", gpus, None, None, None, log)
+
+
+def finish(proc: subprocess.Popen, result: Result, warmup_logs: int) -> Result:
+    proc.wait()
+    summary = summarize(result.log, warmup_logs) if proc.returncode == 0 else None
+    if summary:
+        result.tps, result.mfu, result.memory_gib = summary
+    return result
+
+
+def run_all(args: argparse.Namespace) -> list[Result]:
+    results: list[Result] = []
+    width = max(args.available, 1)
+    for i in range(0, len(args.models), width):  # 1-GPU baselines, one per GPU
+        batch = [start(args, m, 1, "-", first_gpu=j) for j, m in enumerate(args.models[i : i + width])]
+        results += [finish(p, r, args.warmup_logs) for p, r in batch]
+    for model in args.models:
+        for gpus in (g for g in args.gpus if g > 1):
+            for strategy in args.strategies:
+                if strategy == "hsdp" and gpus % 2:
+                    continue
+                results.append(finish(*start(args, model, gpus, strategy), args.warmup_logs))
+    return results
+
+
+def table(results: list[Result]) -> str:
+    base = {r.model: r.tps for r in results if r.gpus == 1}
+    lines = ["| model | strategy | GPUs | tokens/s per GPU | efficiency | MFU % | peak memory GiB |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        if r.tps is None:
+            lines.append(f"| {r.model} | {r.strategy} | {r.gpus} | FAILED ({r.log}) | | | |")
+            continue
+        one = base.get(r.model)
+        eff = f"{100 * r.tps / one:.1f} %" if one else "-"
+        lines.append(f"| {r.model} | {r.strategy} | {r.gpus} | {r.tps:,.0f} | {eff} | {r.mfu:.1f} | "
+                     f"{r.memory_gib:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--models", nargs="+", default=["transformer", "deltaformer", "gated_deltaproduct"])
+    parser.add_argument("--size", default="340M")
+    parser.add_argument("--config", default="train_configs/{model}_{size}.toml", help="config path pattern")
+    parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--strategies", nargs="+", default=["fsdp", "ddp", "hsdp"], choices=list(STRATEGIES))
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--local-batch", type=int, default=8)
+    parser.add_argument("--log-freq", type=int, default=10)
+    parser.add_argument("--warmup-logs", type=int, default=2, help="metric lines left out (compilation)")
+    parser.add_argument("--out", default="outputs/scaling")
+    parser.add_argument("extra", nargs="*", help="more trainer overrides, after --")
+    args = parser.parse_args(argv)
+    for model in args.models:
+        config = REPO / args.config.format(model=model, size=args.size)
+        if not config.is_file():
+            print(f"scaling.py: --models {model} --size {args.size}: {config} not found", file=sys.stderr)
+            return 2
+    import torch
+
+    args.cuda = torch.cuda.is_available()
+    args.available = torch.cuda.device_count() if args.cuda else 1
+    too_many = [g for g in args.gpus if args.cuda and g > args.available]
+    if too_many:
+        print(f"scaling.py: --gpus {too_many}: only {args.available} GPU(s) here", file=sys.stderr)
+        return 2
+    device = torch.cuda.get_device_name(0) if args.cuda else "CPU processes"
+    print(f"scaling: {device}, {args.size}, local batch {args.local_batch}, {args.steps} steps")
+    print(table(run_all(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--tokenizer", default="default")
     parser.add_argument("--tokenizer-pattern", default="")
+    parser.add_argument("--eos-token", default="", help="data.eos_token (Hugging Face tokenizer.json only)")
+    parser.add_argument("--bos-token", default="", help="data.bos_token (Hugging Face tokenizer.json only)")
     parser.add_argument("--add-bos", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=None, help="stop after about this many tokens")
@@ -33,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DataConfig(sources=args.source or ["default"], weights=args.weight or [], seed=args.seed,
                         text_field=args.text_field, tokenizer=args.tokenizer,
-                        tokenizer_pattern=args.tokenizer_pattern, add_bos=args.add_bos,
-                        tokenize_threads=args.threads)
+                        tokenizer_pattern=args.tokenizer_pattern, eos_token=args.eos_token,
+                        bos_token=args.bos_token, add_bos=args.add_bos, tokenize_threads=args.threads)
     try:
-        tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_pattern, config.tokenize_threads)
+        tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_pattern, config.tokenize_threads,
+                                   config.eos_token, config.bos_token)
         counts = pretokenize(config, tokenizer, args.out, args.max_tokens, args.shard_tokens)
     except DataConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,15 +1,19 @@
-"""Data pipeline: sources → tiktoken → document-aware packing → resumable, world-size-free loader."""
+"""Data pipeline: sources → tokenizer (tiktoken or Hugging Face) → document-aware packing → resumable,
+world-size-free loader."""
 
 from titan_delta.data.config import DataConfig, DataConfigError, JobConfig, data_config_from
+from titan_delta.data.hf_tokenizer import HFTokenizer
 from titan_delta.data.hub import DataSourceError
 from titan_delta.data.loader import TitanDataLoader, build_dataloader, build_dataset
 from titan_delta.data.packing import position_ids_from_cu_seqlens
-from titan_delta.data.tokenizer import TiktokenTokenizer, build_tokenizer, load_tokenizer
+from titan_delta.data.tokenizer import DataTokenizer, TiktokenTokenizer, build_tokenizer, load_tokenizer
 
 __all__ = [
     "DataConfig",
     "DataConfigError",
     "DataSourceError",
+    "DataTokenizer",
+    "HFTokenizer",
     "JobConfig",
     "TiktokenTokenizer",
     "TitanDataLoader",

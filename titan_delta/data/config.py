@@ -36,16 +36,28 @@ class DataConfig:
 
     tokenizer: str = "default"
     """``default`` = the shipped BPE, a tiktoken encoding name (``o200k_base``, ``cl100k_base``,
-    ``r50k_base``), or a ranks file (``.tiktoken`` or Llama-3 ``tokenizer.model``)."""
+    ``r50k_base``), a ranks file (``.tiktoken`` or Llama-3 ``tokenizer.model``), or a Hugging Face
+    ``tokenizer.json`` (any ``*.json`` file, or a folder holding ``tokenizer.json``)."""
 
     tokenizer_pattern: str = ""
     """For a ranks file without a ``.json`` sidecar: ``llama3``, ``cl100k``, ``o200k`` or a regex."""
+
+    eos_token: str = ""
+    """Hugging Face tokenizer only: the token that ends every document. Empty = ``eos_token`` of a
+    ``tokenizer_config.json`` beside it, else the one well-known EOS among its special tokens
+    (``<|endoftext|>``, ``<|end_of_text|>``, ``</s>``, ``<eos>``, ...)."""
+
+    bos_token: str = ""
+    """Hugging Face tokenizer only: the token ``add_bos`` puts before documents; ``none`` = no BOS. Empty =
+    ``bos_token`` of ``tokenizer_config.json``, else the one well-known BOS among its special tokens
+    (``<|begin_of_text|>``, ``<s>``, ``<bos>``, ...), else none."""
 
     add_bos: bool = False
     """Prefix every document with BOS (EOS always ends a document)."""
 
     tokenize_threads: int = 2
-    """Threads per loader worker for batch encoding (tiktoken releases the GIL)."""
+    """Threads per loader worker for batch encoding (tiktoken releases the GIL; a Hugging Face tokenizer
+    sizes its own Rust thread pool from it unless ``RAYON_NUM_THREADS`` is set)."""
 
     num_workers: int = 2
     """Loader worker processes per data-parallel rank (0 = tokenise in the training process)."""

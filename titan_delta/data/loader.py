@@ -20,7 +20,7 @@ from titan_delta.data.mixture import DocumentStream
 from titan_delta.data.pretokenized import PretokenizedDataset
 from titan_delta.data.sources import parse_source
 from titan_delta.data.text_dataset import PackedTextDataset, PackingOptions
-from titan_delta.data.tokenizer import TiktokenTokenizer, build_tokenizer
+from titan_delta.data.tokenizer import DataTokenizer, build_tokenizer
 
 TEXT, PRETOKENIZED = 1, 2
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
@@ -88,7 +88,7 @@ class TitanDataLoader(StatefulDataLoader, BaseDataLoader):
 
 
 def build_dataset(
-    config: DataConfig, tokenizer: TiktokenTokenizer, seq_len: int, batch_size: int, dp_rank: int,
+    config: DataConfig, tokenizer: DataTokenizer, seq_len: int, batch_size: int, dp_rank: int,
     dp_world_size: int, infinite: bool,
 ) -> PackedTextDataset | PretokenizedDataset:
     if config.pretokenized:
@@ -107,11 +107,11 @@ def build_dataset(
     return PackedTextDataset(stream, tokenizer, options, dp_rank, dp_world_size)
 
 
-def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer: TiktokenTokenizer | None, job_config: Any,
+def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer: DataTokenizer | None, job_config: Any,
                      infinite: bool = True) -> TitanDataLoader:
     """torchtitan ``build_dataloader_fn``: ``[data]`` settings plus ``training.seq_len/local_batch_size``."""
     config = data_config_from(job_config)
-    tokenizer = tokenizer if isinstance(tokenizer, TiktokenTokenizer) else build_tokenizer(job_config)
+    tokenizer = tokenizer if isinstance(tokenizer, DataTokenizer) else build_tokenizer(job_config)
     training = job_config.training
     dataset = build_dataset(config, tokenizer, training.seq_len, training.local_batch_size, dp_rank,
                             dp_world_size, infinite)

@@ -15,7 +15,7 @@ from titan_delta.data.mixture import DocumentStream
 from titan_delta.data.packing import split_text
 from titan_delta.data.pretokenized import ShardWriter
 from titan_delta.data.sources import Record, parse_source
-from titan_delta.data.tokenizer import TiktokenTokenizer
+from titan_delta.data.tokenizer import DataTokenizer
 
 
 class Progress:
@@ -61,7 +61,7 @@ def _batches(docs: Iterator[tuple[int, Record]], size: int, counts: Counter) -> 
         yield batch
 
 
-def pretokenize(config: DataConfig, tokenizer: TiktokenTokenizer, out: Path, max_tokens: int | None = None,
+def pretokenize(config: DataConfig, tokenizer: DataTokenizer, out: Path, max_tokens: int | None = None,
                 shard_tokens: int = 1 << 28, progress: bool = True) -> Counter:
     """Tokenise one epoch of ``config.sources`` (mixed as the loader would) into shards under ``out``."""
     config.validate()

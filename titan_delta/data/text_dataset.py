@@ -22,7 +22,7 @@ from titan_delta.data.config import DataConfigError
 from titan_delta.data.mixture import DocumentStream
 from titan_delta.data.packing import collate_rows, split_text
 from titan_delta.data.sources import Record
-from titan_delta.data.tokenizer import TiktokenTokenizer
+from titan_delta.data.tokenizer import DataTokenizer
 
 logger = logging.getLogger(__name__)
 UNUSABLE_LIMIT = 10_000  # consecutive unusable documents that mean a misconfiguration, not bad records
@@ -74,7 +74,7 @@ class _Lane:
 class PackedTextDataset(IterableDataset):
     """Yields whole batches (``batch_size=None`` in the loader) with a ``_cursor`` tensor of lane states."""
 
-    def __init__(self, stream: DocumentStream, tokenizer: TiktokenTokenizer, options: PackingOptions,
+    def __init__(self, stream: DocumentStream, tokenizer: DataTokenizer, options: PackingOptions,
                  dp_rank: int = 0, dp_world_size: int = 1) -> None:
         super().__init__()
         self.stream, self.tokenizer, self.options = stream, tokenizer, options

@@ -1,4 +1,5 @@
-"""tiktoken tokenizers behind torchtitan's ``BaseTokenizer``: named encodings, ranks files, the shipped BPE.
+"""Data tokenizers behind torchtitan's ``BaseTokenizer``: tiktoken (named encodings, ranks files, the shipped
+BPE) and Hugging Face ``tokenizer.json`` files (:mod:`titan_delta.data.hf_tokenizer`), one interface.
 
 Documents are encoded as ordinary text (a literal ``<|endoftext|>`` inside a document is text, never the
 special token), then ``[BOS] + tokens + [EOS]`` is added explicitly by the packer, so special-token
@@ -11,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,42 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-class TiktokenTokenizer(BaseTokenizer):
+class DataTokenizer(BaseTokenizer):
+    """What the data pipeline, pre-tokenisation, the model's vocabulary and the eval adapter use.
+
+    ``encode`` (ordinary text, BOS/EOS only when asked), ``decode``, ``get_vocab_size`` (every id is below
+    it), ``eos_id``, ``bos_id`` (``None`` when the tokenizer has none), ``source`` (a name for messages and
+    the pre-tokenised index), ``encode_ordinary_batch`` and ``fingerprint``.
+    """
+
+    source: str
+    eos_id: int
+    bos_id: int | None
+
+    @abstractmethod
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Token ids of ``text`` as ordinary text: special-token text inside it is never a special token."""
+
+    @abstractmethod
+    def encode_ordinary_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode_ordinary`` of each text, as int64 arrays."""
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """Identifies the exact vocabulary, so pre-tokenised shards are never read with another one."""
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, **_: Any) -> list[int]:
+        ids = self.encode_ordinary(text)
+        if add_bos:
+            if self.bos_id is None:
+                raise DataConfigError(f"tokenizer {self.source} has no BOS token (set data.add_bos = false)")
+            ids.insert(0, self.bos_id)
+        if add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+
+class TiktokenTokenizer(DataTokenizer):
     """A tiktoken ``Encoding`` with explicit BOS/EOS ids and threaded batch encoding."""
 
     def __init__(self, encoding: tiktoken.Encoding, eos_token: str, bos_token: str | None,
@@ -86,15 +123,8 @@ class TiktokenTokenizer(BaseTokenizer):
     def __getstate__(self) -> dict[str, Any]:  # the thread pool cannot cross into loader workers
         return {**self.__dict__, "_pool": None}
 
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, **_: Any) -> list[int]:
-        ids = self.encoding.encode_ordinary(text)
-        if add_bos:
-            if self.bos_id is None:
-                raise DataConfigError(f"tokenizer {self.source} has no BOS token (set data.add_bos = false)")
-            ids.insert(0, self.bos_id)
-        if add_eos:
-            ids.append(self.eos_id)
-        return ids
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
 
     def decode(self, ids: Any, **_: Any) -> str:
         return self.encoding.decode([int(i) for i in ids])
@@ -122,8 +152,22 @@ class TiktokenTokenizer(BaseTokenizer):
         return h.hexdigest()[:16]
 
 
-def load_tokenizer(spec: str = "default", pattern: str = "", threads: int = 2) -> TiktokenTokenizer:
-    """``default``, a named tiktoken encoding, or a ranks file (pattern/specials from its .json sidecar)."""
+def load_tokenizer(
+    spec: str = "default", pattern: str = "", threads: int = 2, eos_token: str = "", bos_token: str = ""
+) -> DataTokenizer:
+    """``default``, a named tiktoken encoding, a ranks file (pattern/specials from its .json sidecar), or a
+    Hugging Face ``tokenizer.json`` (or a folder holding one). ``eos_token``/``bos_token`` choose the EOS and
+    BOS of a Hugging Face tokenizer (a tiktoken tokenizer's come with it)."""
+    from titan_delta.data.hf_tokenizer import is_hf_tokenizer_spec, load_hf_tokenizer
+
+    named = spec == "default" or spec in NAMED_ENCODINGS  # never a folder of that name in the working dir
+    if not named and is_hf_tokenizer_spec(spec):
+        return load_hf_tokenizer(spec, threads, eos_token, bos_token)
+    if eos_token or bos_token:
+        raise DataConfigError(
+            f"data.eos_token / data.bos_token choose the special tokens of a Hugging Face tokenizer.json; "
+            f"tokenizer {spec!r} is a tiktoken tokenizer, whose EOS/BOS come with it (sidecar or fixed names)"
+        )
     if spec == "default":
         return _from_ranks_file(DEFAULT_TOKENIZER, pattern, threads)
     if spec in NAMED_ENCODINGS:
@@ -140,7 +184,8 @@ def load_tokenizer(spec: str = "default", pattern: str = "", threads: int = 2) -
         return _from_ranks_file(path, pattern, threads)
     raise DataConfigError(
         f"unknown tokenizer {spec!r}: expected 'default', one of {', '.join(NAMED_ENCODINGS)}, "
-        "or the path of a .tiktoken / tokenizer.model ranks file"
+        "the path of a .tiktoken / tokenizer.model ranks file, or a Hugging Face tokenizer.json "
+        "(or a folder holding one)"
     )
 
 
@@ -171,7 +216,7 @@ def _from_ranks_file(path: Path, pattern: str, threads: int) -> TiktokenTokenize
     return TiktokenTokenizer(encoding, eos, bos, threads, source=str(path.name))
 
 
-def build_tokenizer(job_config: Any) -> TiktokenTokenizer:
+def build_tokenizer(job_config: Any) -> DataTokenizer:
     """torchtitan ``build_tokenizer_fn``: reads ``job_config.data`` (defaults when absent)."""
-    config = data_config_from(job_config)
-    return load_tokenizer(config.tokenizer, config.tokenizer_pattern, config.tokenize_threads)
+    c = data_config_from(job_config)
+    return load_tokenizer(c.tokenizer, c.tokenizer_pattern, c.tokenize_threads, c.eos_token, c.bos_token)

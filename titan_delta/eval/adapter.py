@@ -37,7 +37,8 @@ DEFAULT_MAX_GEN_TOKS = 256
 class TitanDeltaEvalLM(LM):
     """Args:
     model: a ``TitanDeltaLM`` (plain, compiled per block, FSDP-sharded: any data-parallel layout).
-    tokenizer: ``titan_delta.data.tokenizer.TiktokenTokenizer`` (anything with encode/decode/eos_id/bos_id).
+    tokenizer: ``titan_delta.data.tokenizer.DataTokenizer`` (tiktoken or Hugging Face; anything with
+        encode/decode/eos_id/bos_id).
     batch_size: rows per forward. max_length: context limit (default: the model's ``max_seq_len``).
     add_bos: contexts start with EOS, BOS like training documents did with ``[data] add_bos``.
     process_group: ranks that evaluate together (default: the world, when initialised).

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from titan_delta.data.tokenizer import TiktokenTokenizer, load_tokenizer
+from titan_delta.data.tokenizer import DataTokenizer, load_tokenizer
 from titan_delta.models import ModelArgs, TitanDeltaLM
 from titan_delta.trainer.dcp_model import (
     CheckpointError,
@@ -34,7 +34,7 @@ EXPORTED_FILES = ("config.json", "model.safetensors")
 @dataclass
 class LoadedCheckpoint:
     model: TitanDeltaLM
-    tokenizer: TiktokenTokenizer
+    tokenizer: DataTokenizer
     add_bos: bool  # documents started with BOS in training ([data] add_bos)
     step: int | None
     source: str
@@ -49,6 +49,13 @@ def _model_args(fields: dict[str, Any], source: str) -> ModelArgs:
         return ModelArgs(**fields)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{source}: invalid model_args: {err}") from err
+
+
+def _tokenizer(settings: dict[str, Any]) -> DataTokenizer:
+    """The tokenizer of a training ``[data]`` section or an export's config.json (same keys)."""
+    keys = ("tokenizer_pattern", "eos_token", "bos_token")
+    pattern, eos, bos = (str(settings.get(key) or "") for key in keys)
+    return load_tokenizer(str(settings.get("tokenizer", "default")), pattern, 2, eos, bos)
 
 
 def load_exported(folder: str) -> LoadedCheckpoint:
@@ -74,8 +81,7 @@ def load_exported(folder: str) -> LoadedCheckpoint:
             f"{folder}/model.safetensors does not match config.json: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
-    pattern = str(config.get("tokenizer_pattern", ""))
-    tokenizer = load_tokenizer(str(config.get("tokenizer", "default")), pattern)
+    tokenizer = _tokenizer(config)
     return LoadedCheckpoint(model, tokenizer, bool(config.get("add_bos", False)), config.get("step"), folder)
 
 
@@ -85,7 +91,7 @@ def load_dcp(path: str, config_path: str | None, step: int | None = None) -> Loa
     step_dir = resolve_step_dir(path, step)
     model = load_model(step_dir, model_args_for(step_dir, values, str(config_path)), str(config_path))
     data = values.get("data", {})
-    tokenizer = load_tokenizer(str(data.get("tokenizer", "default")), str(data.get("tokenizer_pattern", "")))
+    tokenizer = _tokenizer(data)
     add_bos = bool(data.get("add_bos", False))
     return LoadedCheckpoint(model, tokenizer, add_bos, step_number(step_dir), step_dir)
 

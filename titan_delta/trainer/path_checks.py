@@ -16,7 +16,9 @@ from typing import Any
 from titan_delta.data.config import DataConfig, DataConfigError, data_config_from
 from titan_delta.trainer.config_checks import ConfigError
 
-RANKS_FILE = "a .tiktoken or Llama-3 tokenizer.model ranks file"
+TOKENIZER_FILE = (
+    "a .tiktoken or Llama-3 tokenizer.model ranks file, or a Hugging Face tokenizer.json or a folder with one"
+)
 PRETOKENIZED = "a folder written by tools/pretokenize.py"
 STEP_FOLDER = "a DCP step-N checkpoint folder, e.g. DUMP/checkpoint/step-0"
 
@@ -36,18 +38,20 @@ def check_paths(job_config: Any) -> None:
 
 
 def check_tokenizer(data: DataConfig) -> None:
+    from titan_delta.data.hf_tokenizer import HF_TOKENIZER_FILE
     from titan_delta.data.tokenizer import NAMED_ENCODINGS, load_tokenizer
 
     spec = data.tokenizer
-    if spec == "default" or spec in NAMED_ENCODINGS:
+    if (spec == "default" or spec in NAMED_ENCODINGS) and not (data.eos_token or data.bos_token):
         return
     path = os.path.expanduser(spec)
-    if os.path.isdir(path):
-        raise ConfigError(f"[data] tokenizer: {spec}: is a folder (expected {RANKS_FILE})")
-    if not os.path.exists(path) and (path.endswith((".tiktoken", ".model")) or os.sep in path):
-        raise ConfigError(f"[data] tokenizer: {spec}: file not found (expected {RANKS_FILE})")
-    try:  # also reads the ranks file: bad content or a missing pattern is reported here, not on every rank
-        load_tokenizer(spec, data.tokenizer_pattern, threads=1)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, HF_TOKENIZER_FILE)):
+        message = f"folder without {HF_TOKENIZER_FILE} (expected {TOKENIZER_FILE})"
+        raise ConfigError(f"[data] tokenizer: {spec}: {message}")
+    if not os.path.exists(path) and (path.endswith((".tiktoken", ".model", ".json")) or os.sep in path):
+        raise ConfigError(f"[data] tokenizer: {spec}: file not found (expected {TOKENIZER_FILE})")
+    try:  # also reads the file: bad content, a missing pattern or an unclear EOS are reported here, once
+        load_tokenizer(spec, data.tokenizer_pattern, 1, data.eos_token, data.bos_token)
     except DataConfigError as err:
         raise ConfigError(f"[data] tokenizer: {err}") from err
 

@@ -136,6 +136,7 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     from titan_delta.data.config import data_config_from
     from titan_delta.trainer.activation_checkpoint import AC_MODES, parse_every_n
     from titan_delta.trainer.lr_schedule import schedule_phases
+    from titan_delta.trainer.metrics import require_wandb
     from titan_delta.trainer.optimizer import optimizer_kwargs_from_config
 
     model, training = job_config.model, job_config.training
@@ -207,3 +208,4 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     _require(skips >= 0, f"[nan_policy] max_skipped_steps = {skips}: expected >= 0")
     peak = job_config.metrics.peak_tflops
     _require(peak >= 0, f"[metrics] peak_tflops = {peak}: expected >= 0 (0 = built-in table)")
+    require_wandb(job_config)

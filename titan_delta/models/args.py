@@ -91,7 +91,7 @@ class ModelArgs(BaseModelArgs):
     # DeltaFormer
     deltaformer_kernel: str = "softmax"  # κ1: softmax | linear | relu | round | exp
     deltaformer_probe: str = "q"  # stage-1 probe w: "q" or "k"
-    deltaformer_beta: str = "sigmoid"  # "sigmoid" (learned per head) | "one"
+    deltaformer_beta: str = "sigmoid"  # "sigmoid" (learned per head) | "one" | "linear" (W x + b, FLA's)
     deltaformer_rope: bool = True  # False = NoPE
 
     # Gated DeltaProduct

@@ -18,7 +18,7 @@ from titan_delta.ops import deltaformer_attn
 
 KAPPA_KERNELS = ("softmax", "linear", "relu", "round", "exp")
 PROBES = ("q", "k")
-BETA_MODES = ("sigmoid", "one")
+BETA_MODES = ("sigmoid", "one", "linear")
 
 
 @dataclass
@@ -29,7 +29,9 @@ class DeltaFormerConfig:
     head_dim: int
     kernel: str = "softmax"  # κ1 of stage 1
     probe: str = "q"  # w_t, the stage-1 query: the attention query (op default) or the key (paper listing)
-    beta: str = "sigmoid"  # "sigmoid": β_t = sigmoid(W_β x_t) per head; "one": β = 1 (no parameters)
+    # "sigmoid": β_t = sigmoid(W_β x_t) per head; "one": β = 1 (no parameters); "linear": β_t = W_β x_t + b,
+    # unbounded, as flash-linear-attention's DeltaFormer layer computes it (so its checkpoints import as is)
+    beta: str = "sigmoid"
     use_rope: bool = True  # False = NoPE
     rope_theta: float = 10000.0
     qk_norm: bool = False
@@ -52,7 +54,7 @@ class DeltaFormerAttention(nn.Module):
         self.wk = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
         self.wv = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
         self.wo = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
-        self.w_beta = nn.Linear(c.dim, c.n_heads, bias=False) if c.beta == "sigmoid" else None
+        self.w_beta = nn.Linear(c.dim, c.n_heads, bias=c.beta == "linear") if c.beta != "one" else None
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta) if c.use_rope else None
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
@@ -62,6 +64,8 @@ class DeltaFormerAttention(nn.Module):
             if linear is not None:
                 nn.init.trunc_normal_(linear.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
         nn.init.trunc_normal_(self.wo.weight, std=out_std, a=-3 * out_std, b=3 * out_std)
+        if self.w_beta is not None and self.w_beta.bias is not None:
+            nn.init.zeros_(self.w_beta.bias)
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()
@@ -82,7 +86,10 @@ class DeltaFormerAttention(nn.Module):
         if c.n_kv_heads != c.n_heads:  # the op takes one k/v head per query head
             group = c.n_heads // c.n_kv_heads
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-        beta = torch.sigmoid(self.w_beta(x)).to(q.dtype) if self.w_beta is not None else None
+        beta = None
+        if self.w_beta is not None:
+            beta = self.w_beta(x) if c.beta == "linear" else torch.sigmoid(self.w_beta(x))
+            beta = beta.to(q.dtype)
         if cache is not None:
             o = cache.attend(q, k, v, beta, w=k if c.probe == "k" else None, kernel=c.kernel)
             return self.wo(o.reshape(B, T, c.n_heads * c.head_dim))

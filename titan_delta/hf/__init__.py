@@ -1,0 +1,1 @@
+"""Hugging Face interop: exported folders that load with stock transformers, and imports into DCP."""

@@ -8,6 +8,9 @@ titan-delta's eval reads and that also loads with stock Hugging Face transformer
 ``--step N``), or a training dump folder holding ``checkpoint/``. No process group is needed: DCP reads
 the shards of any world size into full tensors on the CPU. Only the model's weights are read; optimizer
 and loader state are ignored.
+The model is the one the checkpoint's completion marker records (family, flavor and every resolved
+ModelArgs field, ``[model]`` overrides given in the TOML or on the command line included); for checkpoints
+without that record it is the ``--config`` TOML's ``[model]`` name/flavor with its field overrides.
 ``config.json`` holds the model family/flavor, every ModelArgs field (vocab size taken from the
 checkpoint), the tokenizer spec, whether documents began with BOS, and the source step, which is all an
 eval harness needs to rebuild it; its Hugging Face keys, the two remote-code files, the tokenizer
@@ -18,14 +21,13 @@ converted to ``tokenizer.json`` and ``generation_config.json`` make the folder l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from titan_delta.hf.export_folder import DTYPES, export_tensors, model_args_dict, write_export
-from titan_delta.trainer.checkpoint import COMPLETE_MARKER
 from titan_delta.trainer.dcp_model import (
     CheckpointError,
+    checkpoint_record,
     load_model,
     model_args_for,
     read_training_config,
@@ -46,12 +48,11 @@ def export(checkpoint: str, config: str, out: str, step: int | None = None, dtyp
     values = read_training_config(config, checkpoint)
     args = model_args_for(step_dir, values, config)
     tensors = export_tensors(load_model(step_dir, args, config).state_dict(), args, dtype)
-    with open(os.path.join(step_dir, COMPLETE_MARKER)) as f:
-        marker = json.load(f)
+    marker = checkpoint_record(step_dir)
     model_section, data = values.get("model", {}), values.get("data", {})
     description = {
-        "model_name": model_section.get("name", "deltaformer"),
-        "flavor": model_section.get("flavor", "debug"),
+        "model_name": marker.get("model_name", model_section.get("name", "deltaformer")),
+        "flavor": marker.get("flavor", model_section.get("flavor", "debug")),
         "model_args": model_args_dict(args),
         "dtype": dtype,
         "tokenizer": data.get("tokenizer", "default"),
@@ -78,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--checkpoint", required=True, help="a step-N folder, the folder holding them, or a dump folder"
     )
-    parser.add_argument("--config", required=True, help="the training TOML ([model] name/flavor, seq_len)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="the training TOML ([data] tokenizer; [model] for checkpoints that do not record their model)",
+    )
     parser.add_argument(
         "--out", required=True, help="output folder (model.safetensors, config.json, Hugging Face files)"
     )

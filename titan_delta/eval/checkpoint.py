@@ -3,13 +3,14 @@
 - exported (``tools/export_checkpoint.py``): a folder with ``config.json`` (every ModelArgs field, the
   tokenizer spec, the step) and ``model.safetensors``;
 - DCP: a ``step-N`` folder, a folder of them (the newest complete one, or ``step``), or a dump folder
-  holding ``checkpoint/``; the model is rebuilt from the training TOML (``[model]`` name/flavor,
-  ``training.seq_len``, ``[data]`` tokenizer) and only its weights are read, in any world size's shards.
+  holding ``checkpoint/``; the model is rebuilt from the ModelArgs the checkpoint's marker records
+  (checkpoints without them: the training TOML's ``[model]`` name/flavor/field overrides and
+  ``training.seq_len``), the tokenizer from the TOML's ``[data]``; only its weights are read, in any world
+  size's shards.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from typing import Any
 import torch
 
 from titan_delta.data.tokenizer import DataTokenizer, load_tokenizer
-from titan_delta.models import ModelArgs, TitanDeltaLM
+from titan_delta.models import TitanDeltaLM
 from titan_delta.trainer.dcp_model import (
     CheckpointError,
     load_model,
     model_args_for,
+    model_args_from_fields,
     read_training_config,
     resolve_step_dir,
     step_number,
@@ -38,17 +40,6 @@ class LoadedCheckpoint:
     add_bos: bool  # documents started with BOS in training ([data] add_bos)
     step: int | None
     source: str
-
-
-def _model_args(fields: dict[str, Any], source: str) -> ModelArgs:
-    known = {f.name for f in dataclasses.fields(ModelArgs)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise CheckpointError(f"{source}: model_args has unknown field(s) {unknown}")
-    try:
-        return ModelArgs(**fields)
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{source}: invalid model_args: {err}") from err
 
 
 def _tokenizer(settings: dict[str, Any]) -> DataTokenizer:
@@ -69,7 +60,7 @@ def load_exported(folder: str) -> LoadedCheckpoint:
         raise CheckpointError(f"{config_path}: unreadable ({err}); expected export_checkpoint JSON") from err
     if not isinstance(config.get("model_args"), dict):
         raise CheckpointError(f"{config_path}: expected a 'model_args' object (written by export_checkpoint)")
-    model = TitanDeltaLM(_model_args(config["model_args"], config_path))
+    model = TitanDeltaLM(model_args_from_fields(config["model_args"], config_path))
     state = load_file(os.path.join(folder, "model.safetensors"))
     missing, unexpected = model.load_state_dict(
         {k: v.to(torch.float32) for k, v in state.items()}, strict=False

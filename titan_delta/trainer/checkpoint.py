@@ -7,9 +7,11 @@ reports the save finished (for async saves: when the upload future resolves), re
 (re)writing or deleting a folder, and only folders with the marker count as checkpoints — for loading,
 for "latest", and for keep-latest-k (torn folders are deleted, never counted).
 
-The marker also lists every file of the save with its size. A folder whose files were later truncated or
-deleted (a full disk, a partial copy, a cleanup script) no longer counts as complete either: resuming
-skips it for the previous whole checkpoint and the warning names the file and what is wrong with it.
+The marker also records the model (``model_name``, ``flavor`` and every resolved ModelArgs field as
+``model_args``), which export and evaluation rebuild it from, and lists every file of the save with its
+size. A folder whose files were later truncated or deleted (a full disk, a partial copy, a cleanup
+script) no longer counts as complete either: resuming skips it for the previous whole checkpoint and the
+warning names the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -143,8 +145,11 @@ def delete_checkpoint_dir(path: str) -> None:
 class MarkedCheckpointManager(CheckpointManager):
     """torchtitan's CheckpointManager with completion markers deciding what counts as a checkpoint."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, model_record: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Written into every marker, so export and eval rebuild exactly the trained model (field
+        # overrides, CLI flags included) without the training command line.
+        self._model_record = dict(model_record or {})
         self._pending_marks: list[tuple[Any, str, int, bool]] = []  # in-flight async saves
         self._mark_lock = threading.Lock()
 
@@ -219,6 +224,7 @@ class MarkedCheckpointManager(CheckpointManager):
                 return
             world = dist.get_world_size() if dist.is_initialized() else 1
             extra = {"world_size": world, "resumable": resumable, "files": saved_files(path)}
+            extra.update(self._model_record)
             mark_complete(path, step, extra)
         logger.info(f"Checkpoint step {step} complete ({path})")
 

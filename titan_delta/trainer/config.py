@@ -3,14 +3,20 @@
 torchtitan merges this module's ``JobConfig`` field by field: a section present in both (``optimizer``,
 ``metrics``, ``checkpoint``, ...) gains our keys and our defaults; new sections (``nan_policy``,
 ``data``, ``eval``) are added. ``python -m titan_delta.train`` selects this module automatically.
+``[model]`` also takes every ModelArgs field under its own name, replacing the flavor's value
+(:mod:`titan_delta.trainer.model_overrides`).
 """
 
 # No ``from __future__ import annotations`` here: torchtitan merges sections by checking that each
 # field's *type object* is a dataclass, and postponed (string) annotations would defeat that check.
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
+
+import tyro
 
 from titan_delta.data.config import DataConfig
 from titan_delta.eval.config import EvalConfig
+from titan_delta.models.args import ModelArgs
 
 CUSTOM_CONFIG_MODULE = "titan_delta.trainer.config"
 
@@ -27,7 +33,7 @@ class Job:
 
 
 @dataclass
-class Model:
+class _ModelChoice:
     name: str = "deltaformer"
     """Model family: deltaformer, gated_deltaproduct, deltaformer_swa, gated_deltaproduct_swa, transformer"""
 
@@ -36,6 +42,36 @@ class Model:
 
     hf_assets_path: str = "."
     """Unused by titan-delta (the tokenizer comes from [data]); torchtitan only checks that it exists"""
+
+
+# ModelArgs fields the run sets itself (the tokenizer's vocabulary, [training] seq_len), so a [model] key
+# for them would be a second spelling.
+MODEL_ARGS_SET_ELSEWHERE = ("vocab_size", "max_seq_len")
+# TOML and CLI types of ModelArgs fields typed loosely there (the check of the TOML needs real types).
+_OVERRIDE_TYPES: dict[str, typing.Any] = {"layer_pattern": str | list[str]}
+
+
+def _model_override_fields() -> list[tuple[str, typing.Any, typing.Any]]:
+    """One ``[model]`` key per ModelArgs field, default None = the flavor's value. Generated, so a field
+    added to ModelArgs is settable without touching this file."""
+    hints = typing.get_type_hints(ModelArgs)
+    help_text = tyro.conf.arg(help="ModelArgs field (docs/models.md); unset = the flavor's value")
+    return [
+        (
+            f.name,
+            typing.Annotated[_OVERRIDE_TYPES.get(f.name, hints[f.name]) | None, help_text],
+            field(default=None),
+        )
+        for f in fields(ModelArgs)
+        if not f.name.startswith("_") and f.name not in MODEL_ARGS_SET_ELSEWHERE
+    ]
+
+
+MODEL_OVERRIDE_FIELDS = tuple(name for name, _, _ in _model_override_fields())
+
+# [model]: the family and flavor, plus every ModelArgs field (None = the flavor's value) on top of them.
+Model = make_dataclass("Model", _model_override_fields(), bases=(_ModelChoice,))
+Model.__module__ = __name__
 
 
 @dataclass

@@ -137,6 +137,7 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     from titan_delta.trainer.activation_checkpoint import AC_MODES, parse_every_n
     from titan_delta.trainer.lr_schedule import schedule_phases
     from titan_delta.trainer.metrics import require_wandb
+    from titan_delta.trainer.model_overrides import resolve_job_model_args
     from titan_delta.trainer.optimizer import optimizer_kwargs_from_config
 
     model, training = job_config.model, job_config.training
@@ -149,6 +150,7 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
         model.flavor in families[model.name],
         f"[model] flavor = {model.flavor!r}: {model.name} has flavors {sorted(families[model.name])}",
     )
+    resolve_job_model_args(job_config)  # every [model] field override, validated as ModelArgs
     for key in ("steps", "local_batch_size", "seq_len"):
         _require(getattr(training, key) >= 1, f"[training] {key} = {getattr(training, key)}: expected >= 1")
     gbs = training.global_batch_size

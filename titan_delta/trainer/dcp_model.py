@@ -1,13 +1,15 @@
 """A model's weights out of a training (DCP) checkpoint, for export and evaluation.
 
 One place decides which ``step-N`` folder a path means and refuses torn ones, and rebuilds the model from
-the training TOML with the vocabulary read from the checkpoint itself. DCP reshards on load, so shards
+the ModelArgs its completion marker records (older checkpoints: from the training TOML's ``[model]``) with
+the vocabulary read from the checkpoint itself. DCP reshards on load, so shards
 written by any number of ranks load into one CPU process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from typing import Any
@@ -70,8 +72,43 @@ def read_training_config(path: str | None, checkpoint: str) -> dict[str, Any]:
             raise CheckpointError(f"--config {path}: not valid TOML ({err})") from err
 
 
+def checkpoint_record(step_dir: str) -> dict[str, Any]:
+    """The completion marker's contents (the trainer records ``model_name``, ``flavor``, ``model_args``)."""
+    try:
+        with open(os.path.join(step_dir, COMPLETE_MARKER)) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{step_dir}/{COMPLETE_MARKER}: unreadable ({err})") from err
+    return record if isinstance(record, dict) else {}
+
+
+def model_args_from_fields(fields: dict[str, Any], source: str) -> ModelArgs:
+    """ModelArgs from recorded fields (a marker's or an export's ``model_args``), validated."""
+    known = {f.name for f in dataclasses.fields(ModelArgs)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise CheckpointError(f"{source}: model_args has unknown field(s) {unknown}")
+    try:
+        return ModelArgs(**fields)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{source}: invalid model_args: {err}") from err
+
+
 def model_args_for(step_dir: str, config: dict[str, Any], config_path: str) -> ModelArgs:
-    """The config's [model] name/flavor at its training.seq_len, with the checkpoint's vocabulary size."""
+    """The checkpoint's model: the ModelArgs its marker records (what the trainer resolved, overrides from
+    the TOML and the command line included). Checkpoints without that record: the config's ``[model]``
+    name/flavor with its field overrides at its training.seq_len. The vocabulary size is the checkpoint's."""
+    metadata = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    if "tok_embeddings.weight" not in metadata:
+        raise CheckpointError(f"{step_dir}: no tok_embeddings.weight (not a titan-delta model checkpoint?)")
+    vocab_size = int(metadata["tok_embeddings.weight"].size[0])
+    recorded = checkpoint_record(step_dir).get("model_args")
+    if isinstance(recorded, dict):
+        args = model_args_from_fields(recorded, f"{step_dir}/{COMPLETE_MARKER}")
+        return dataclasses.replace(args, vocab_size=vocab_size)
+    from titan_delta.trainer.config_checks import ConfigError
+    from titan_delta.trainer.model_overrides import model_overrides, resolve_model_args
+
     model_section = config.get("model", {})
     family, flavor = model_section.get("name", "deltaformer"), model_section.get("flavor", "debug")
     if family not in MODEL_FLAVORS:
@@ -82,13 +119,12 @@ def model_args_for(step_dir: str, config: dict[str, Any], config_path: str) -> M
         raise CheckpointError(
             f"{config_path}: [model] flavor {flavor!r}: {family} has {sorted(MODEL_FLAVORS[family])}"
         )
-    metadata = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
-    if "tok_embeddings.weight" not in metadata:
-        raise CheckpointError(f"{step_dir}: no tok_embeddings.weight (not a titan-delta model checkpoint?)")
+    try:
+        args = resolve_model_args(family, flavor, model_overrides(model_section))
+    except ConfigError as err:
+        raise CheckpointError(f"{config_path}: {err}") from err
     return dataclasses.replace(
-        MODEL_FLAVORS[family][flavor],
-        vocab_size=int(metadata["tok_embeddings.weight"].size[0]),
-        max_seq_len=int(config.get("training", {}).get("seq_len", 2048)),
+        args, vocab_size=vocab_size, max_seq_len=int(config.get("training", {}).get("seq_len", 2048))
     )
 
 
@@ -103,7 +139,9 @@ def load_model(step_dir: str, args: ModelArgs, config_path: str) -> TitanDeltaLM
         state.pop("output.weight", None)
     missing = sorted(set(state) - set(metadata))
     if missing:
-        raise CheckpointError(f"{step_dir}: lacks model weights {missing[:5]} (wrong [model] name/flavor?)")
+        raise CheckpointError(
+            f"{step_dir}: lacks model weights {missing[:5]} (wrong [model] name/flavor/fields?)"
+        )
     wrong = [
         f"{k} {tuple(metadata[k].size)} vs {tuple(v.shape)}"
         for k, v in state.items()

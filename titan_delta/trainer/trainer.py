@@ -1,10 +1,12 @@
 """A thin torchtitan Trainer subclass: only what the base class has no hook for.
 
-- The tokenizer's vocabulary reaches the model args: torchtitan 0.2.2 calls
-  ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
+- The model args are the flavor's with the ``[model]`` field overrides applied
+  (:mod:`titan_delta.trainer.model_overrides`), and the tokenizer's vocabulary reaches them: torchtitan
+  0.2.2 calls ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
 - ``[training] seed`` (default 0) seeds the run unless ``[debug] seed`` is set, so identical configs
   train identically.
-- Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) and the RNG states.
+- Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) recording the resolved
+  ModelArgs, and the RNG states.
 - ``train_step`` applies the NaN/Inf policy (:mod:`titan_delta.trainer.nonfinite`), logs the LR and
   the skipped-step count, and runs the scheduled lm-eval tasks (:mod:`titan_delta.eval.scheduled`);
   otherwise it is the base step (token-normalised loss, grad accumulation, clipping). Varlen metadata
@@ -26,7 +28,9 @@ from torchtitan.protocols import train_spec as train_spec_module
 from torchtitan.train import Trainer
 
 from titan_delta.eval.scheduled import ScheduledEvaluator
+from titan_delta.hf.export_folder import model_args_dict
 from titan_delta.trainer.checkpoint import MarkedCheckpointManager
+from titan_delta.trainer.model_overrides import resolve_job_model_args
 from titan_delta.trainer.nonfinite import NonFinitePolicy
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
@@ -38,9 +42,12 @@ class TitanDeltaTrainer(Trainer):
             job_config.debug.seed = job_config.training.seed
         self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
         spec = train_spec_module.get_train_spec(job_config.model.name)
+        # Built afresh from the registry's flavor (never the spec's entry, which an earlier trainer in
+        # this process may have changed), then handed to torchtitan in the spec's table.
+        args = resolve_job_model_args(job_config)
+        spec.model_args[job_config.model.flavor] = args
         if spec.build_tokenizer_fn is not None:
-            tokenizer = spec.build_tokenizer_fn(job_config)
-            spec.model_args[job_config.model.flavor].update_from_config(job_config, tokenizer=tokenizer)
+            args.update_from_config(job_config, tokenizer=spec.build_tokenizer_fn(job_config))
         super().__init__(job_config)
         self._use_marked_checkpoints()
         self.evaluator = ScheduledEvaluator(
@@ -62,6 +69,11 @@ class TitanDeltaTrainer(Trainer):
             checkpoint_config=self.job_config.checkpoint,
             sd_adapter=None,
             base_folder=self.job_config.job.dump_folder,
+            model_record={
+                "model_name": self.job_config.model.name,
+                "flavor": self.job_config.model.flavor,
+                "model_args": model_args_dict(self.model_args),
+            },
         )
 
     def _global_valid_tokens(self, local_valid_tokens: torch.Tensor) -> torch.Tensor | float:

@@ -18,7 +18,7 @@ import sys
 
 from titan_delta.hf.fla_mapping import FLAMappingError
 from titan_delta.hf.hf_folder import HFFolderError
-from titan_delta.hf.importer import HFImportError, import_checkpoint
+from titan_delta.hf.importer import HFImportError, import_checkpoint, trainer_settings
 
 ImportFailure = (HFImportError, HFFolderError, FLAMappingError)
 
@@ -42,16 +42,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"import_checkpoint: --out {args.out}: cannot write ({err})", file=sys.stderr)
         return 2
     print(f"imported {imported.source_format} checkpoint to {imported.step_dir}")
-    if imported.family_flavor is None:
-        print("no registered [model] name/flavor has these layers: see import.json", file=sys.stderr)
-    else:
-        name, flavor = imported.family_flavor
-        vocab = imported.model.model_args.vocab_size
-        print(
-            f"train with --model.name {name} --model.flavor {flavor} --checkpoint.enable "
-            f"--checkpoint.initial_load_path {imported.step_dir} (and a tokenizer of {vocab} tokens)"
-        )
+    settings = trainer_settings(imported)
+    if "problem" in settings:
+        print(f"{settings['problem']} (import.json has the model's fields)", file=sys.stderr)
+        return 0
+    model_keys = {key: value for key, value in settings.items() if key.startswith("model.")}
+    flags = " ".join(f"--{key} {_cli_value(value)}" for key, value in model_keys.items())
+    print(
+        f"train with {flags} --checkpoint.enable --checkpoint.initial_load_path {imported.step_dir} "
+        f"(and a tokenizer of {settings['vocab_size']} tokens)"
+    )
     return 0
+
+
+def _cli_value(value: object) -> str:
+    """A ModelArgs value as its ``--model.<field>`` flag takes it."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,10 +12,11 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torchtitan.components.checkpoint import ModelWrapper
 
-from titan_delta.hf.importer import load_hf_model
+from titan_delta.hf.importer import load_hf_model, trainer_settings
 from titan_delta.models import TitanDeltaLM
 from titan_delta.models.context import MixerContext
 from titan_delta.trainer.checkpoint import checkpoint_problem
+from titan_delta.trainer.model_overrides import resolve_model_args
 from tools.export_checkpoint import export
 from tools.import_checkpoint import main as import_main
 
@@ -182,6 +184,15 @@ def test_fla_gated_deltaproduct_names_and_config(tmp_path) -> None:
     assert imported.family_flavor is None  # no registered flavor is this small hybrid
     with torch.no_grad():
         assert torch.isfinite(imported.model(torch.randint(0, VOCAB, (1, 12)))).all()
+    # ... but a flavor with [model] field overrides builds it: the trainer can continue from the import
+    settings = trainer_settings(imported)
+    assert "problem" not in settings
+    overrides = {k.removeprefix("model."): v for k, v in settings.items() if k.startswith("model.")}
+    family, flavor = overrides.pop("name"), overrides.pop("flavor")
+    rebuilt = resolve_model_args(family, flavor, overrides)
+    rebuilt = dataclasses.replace(rebuilt, vocab_size=args.vocab_size)
+    shapes = {k: v.shape for k, v in TitanDeltaLM(rebuilt).state_dict().items()}
+    assert shapes == {k: v.shape for k, v in ours.items()}
 
 
 def test_fla_refuses_settings_ours_lacks(tmp_path) -> None:

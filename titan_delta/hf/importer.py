@@ -19,7 +19,7 @@ import torch
 from titan_delta.hf.export_folder import model_args_dict
 from titan_delta.hf.fla_mapping import FLA_MODEL_TYPES, fla_model_args, fla_state_dict
 from titan_delta.hf.hf_folder import read_config, read_weights
-from titan_delta.hf.seed_checkpoint import matching_flavor, write_seed_checkpoint
+from titan_delta.hf.seed_checkpoint import flavor_with_overrides, matching_flavor, write_seed_checkpoint
 from titan_delta.models import ModelArgs, TitanDeltaLM
 
 IMPORT_DESCRIPTION = "import.json"
@@ -107,13 +107,16 @@ def trainer_settings(imported: ImportedCheckpoint) -> dict[str, Any]:
     """What a training config needs to continue from the import, or why the trainer cannot build it."""
     args = imported.model.model_args
     settings: dict[str, Any] = {"vocab_size": args.vocab_size}
-    if imported.family_flavor is None:
+    built = flavor_with_overrides(args)
+    if built is None:
         settings["problem"] = (
-            "no registered [model] name/flavor has these layers and sizes; the trainer builds models only "
-            "from MODEL_FLAVORS (titan_delta/models/flavors.py), so one with these ModelArgs must be added"
+            "no registered [model] name/flavor with [model] field overrides builds these layers; see "
+            "MODEL_FLAVORS in titan_delta/models/flavors.py"
         )
     else:
-        settings["model.name"], settings["model.flavor"] = imported.family_flavor
+        family, flavor, overrides = built
+        settings["model.name"], settings["model.flavor"] = family, flavor
+        settings |= {f"model.{key}": value for key, value in overrides.items()}
     if imported.source_format == "titan_delta":
         for key in ("tokenizer", "tokenizer_pattern", "add_bos", "eos_token", "bos_token"):
             if imported.config.get(key) not in (None, ""):

@@ -6,8 +6,9 @@ any parallel layout. The folder is marked complete the way ``MarkedCheckpointMan
 (``COMPLETE.json`` with the file list, ``resumable = false``: there is no optimizer or loader state to
 resume, so ``--checkpoint.folder`` logic never mistakes it for a run to continue).
 
-Also: which registered family/flavor a ``ModelArgs`` is, since the trainer builds models only from
-``[model] name`` / ``flavor`` (the vocabulary comes from the tokenizer, the length from the config).
+Also: how the trainer builds a given ``ModelArgs``: a registered ``[model] name`` / ``flavor`` plus the
+``[model]`` field overrides that turn it into these args (the vocabulary comes from the tokenizer, the
+length from the config).
 """
 
 from __future__ import annotations
@@ -71,3 +72,31 @@ def matching_flavor(args: ModelArgs) -> tuple[str, str] | None:
             if _signature(candidate) == wanted:
                 return family, flavor
     return None
+
+
+SET_BY_THE_RUN = ("vocab_size", "max_seq_len")  # the tokenizer's and [training] seq_len, not [model] keys
+
+
+def flavor_with_overrides(args: ModelArgs) -> tuple[str, str, dict[str, Any]] | None:
+    """(family, flavor, ``[model]`` field overrides) that rebuild ``args``' weights and function, with as
+    few overrides as possible; None if no flavor gets there (a field the overrides cannot reach)."""
+    from dataclasses import fields, replace
+
+    wanted = _signature(args)
+    best = None
+    for family, flavors in MODEL_FLAVORS.items():
+        for flavor, candidate in flavors.items():
+            overrides = {
+                f.name: getattr(args, f.name)
+                for f in fields(ModelArgs)
+                if not f.name.startswith("_")
+                and f.name not in SET_BY_THE_RUN
+                and getattr(args, f.name) != getattr(candidate, f.name)
+            }
+            try:
+                rebuilt = replace(candidate, **overrides)
+            except (ValueError, TypeError, AssertionError):
+                continue
+            if _signature(rebuilt) == wanted and (best is None or len(overrides) < len(best[2])):
+                best = (family, flavor, overrides)
+    return best

@@ -56,9 +56,20 @@ def _only_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_missing_path_is_one_line_and_exit_code_2(case: str, tmp_path: Path) -> None:
-    """The direct run and the launcher (NGPU=2, CPU) run side by side: each prints only the error."""
+def test_missing_path_is_one_config_error_line(case: str, tmp_path: Path, capfd: pytest.CaptureFixture):
+    """The entry point's checks, in this process (the subprocess test below covers whole processes)."""
     args, message = ([a.replace("TMP", str(tmp_path)) for a in CASES[case][0]], CASES[case][1])
+    dump = tmp_path / "dump"
+    assert main(["--check_only", *BASE_ARGS, "--job.dump_folder", str(dump), *args]) == EXIT_CONFIG_ERROR
+    out, err = capfd.readouterr()
+    errors = [line for line in (out + err).splitlines() if "Config error:" in line]
+    assert len(errors) == 1 and f"Config error: {message.replace('TMP', str(tmp_path))}" in errors[0]
+    assert not dump.exists()  # stopped before anything was built
+
+
+def test_direct_run_and_launcher_print_only_the_line(tmp_path: Path) -> None:
+    """The direct run and the launcher (NGPU=2, CPU) run side by side: each prints only the error."""
+    args, message = ([a.replace("TMP", str(tmp_path)) for a in CASES["source"][0]], CASES["source"][1])
     train_args = [*BASE_ARGS, "--job.dump_folder", str(tmp_path / "dump"), *args]
     runs = [
         ([sys.executable, "-m", "titan_delta.train", *train_args], _env()),

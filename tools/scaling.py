@@ -98,34 +98,40 @@ def finish(proc: subprocess.Popen, result: Result, warmup_logs: int) -> Result:
     return result
 
 
-def run_all(args: argparse.Namespace) -> list[Result]:
+def run_all(args: argparse.Namespace, report=None) -> list[Result]:
+    """Every run; ``report(results)`` after each, so a run cut short still shows what finished."""
     results: list[Result] = []
     width = max(args.available, 1)
     for i in range(0, len(args.models), width):  # 1-GPU baselines, one per GPU
         batch = [start(args, m, 1, "-", first_gpu=j) for j, m in enumerate(args.models[i : i + width])]
-        results += [finish(p, r, args.warmup_logs) for p, r in batch]
+        for proc, result in batch:
+            results.append(finish(proc, result, args.warmup_logs))
+            report and report(results)
     for model in args.models:
         for gpus in (g for g in args.gpus if g > 1):
             for strategy in args.strategies:
                 if strategy == "hsdp" and gpus % 2:
                     continue
                 results.append(finish(*start(args, model, gpus, strategy), args.warmup_logs))
+                report and report(results)
     return results
 
 
+HEADER = ("| model | strategy | GPUs | tokens/s per GPU | efficiency | MFU % | peak memory GiB |\n"
+          "|---|---|---|---|---|---|---|")  # fmt: skip
+
+
+def row(r: Result, results: list[Result]) -> str:
+    if r.tps is None:
+        return f"| {r.model} | {r.strategy} | {r.gpus} | FAILED ({r.log}) | | | |"
+    one = next((b.tps for b in results if b.gpus == 1 and b.model == r.model), None)
+    eff = f"{100 * r.tps / one:.1f} %" if one else "-"
+    measured = f"{r.tps:,.0f} | {eff} | {r.mfu:.1f} | {r.memory_gib:.1f}"
+    return f"| {r.model} | {r.strategy} | {r.gpus} | {measured} |"
+
+
 def table(results: list[Result]) -> str:
-    base = {r.model: r.tps for r in results if r.gpus == 1}
-    lines = ["| model | strategy | GPUs | tokens/s per GPU | efficiency | MFU % | peak memory GiB |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in results:
-        if r.tps is None:
-            lines.append(f"| {r.model} | {r.strategy} | {r.gpus} | FAILED ({r.log}) | | | |")
-            continue
-        one = base.get(r.model)
-        eff = f"{100 * r.tps / one:.1f} %" if one else "-"
-        lines.append(f"| {r.model} | {r.strategy} | {r.gpus} | {r.tps:,.0f} | {eff} | {r.mfu:.1f} | "
-                     f"{r.memory_gib:.1f} |")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join([HEADER, *(row(r, results) for r in results)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling.py: --gpus {too_many}: only {args.available} GPU(s) here", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name(0) if args.cuda else "CPU processes"
-    print(f"scaling: {device}, {args.size}, local batch {args.local_batch}, {args.steps} steps")
-    print(table(run_all(args)))
+    print(f"scaling: {device}, {args.size}, local batch {args.local_batch}, {args.steps} steps", flush=True)
+    print("progress rows:", flush=True)
+    results = run_all(args, report=lambda done: print(row(done[-1], done), flush=True))
+    print("\n" + table(results))
     return 0
 
 

@@ -216,8 +216,8 @@ def test_fla_refuses_settings_ours_lacks(tmp_path) -> None:
 
 
 def _fla_naive_deltaformer(q, k, v, beta):
-    """flash-linear-attention 0.6's ``naive_deltaformer_attn`` (fla/ops/deltaformer/naive.py), condensed:
-    stage 1 with strictly causal softmax of q·k and the raw β, stage 2 causal softmax attention over u."""
+    """The formula FLA 0.6's naive DeltaFormer reference computes, written out here from the math: stage 1
+    with strictly causal softmax of q·k and the raw β, stage 2 causal softmax attention over u."""
     T, scale = q.shape[1], q.shape[-1] ** -0.5
     scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
     strict = torch.ones(T, T, dtype=torch.bool).tril(-1)

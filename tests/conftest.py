@@ -16,7 +16,7 @@ import pytest
 SHARED_RUN_FIXTURES = {"runs_root", "seed_checkpoint", "fsdp_run", "single_run"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (--dist loadgroup) the tests that share the session's training runs
+    # Under pytest-xdist (--dist loadgroup) the tests that share the once-per-run training runs
     # (tests/trainer/conftest.py) stay on one worker, which runs each of them once.
     shared_runs = pytest.mark.xdist_group("shared_training_runs")
     for item in items:

@@ -84,7 +84,7 @@ def test_tied_embeddings_and_loss(tmp_path, small_model) -> None:
 def test_gpu_logits_and_generation_match_ours(exports, family) -> None:
     """On a GPU the loaded model runs our Triton kernels, as our own model does."""
     ours, folder = exports[family]
-    ours = copy.deepcopy(ours).cuda()  # the session's CPU model stays for the other tests
+    ours = copy.deepcopy(ours).cuda()  # the shared CPU model stays for the other tests
     hf = _load(folder).cuda()
     tokens = torch.randint(0, ours.model_args.vocab_size, (2, 70), device="cuda")
     with torch.no_grad():

@@ -140,3 +140,25 @@ def test_resume_with_the_same_schedule_is_unchanged(caplog) -> None:
         resumed, _ = _run_schedule(WSD, 20, schedulers.state_dict(), until=20)
     assert resumed == uninterrupted[12:]
     assert not [r for r in caplog.records if "LR schedule changed" in r.message]
+
+
+def test_a_checkpoint_saved_without_its_schedule_still_loads(tmp_path) -> None:
+    """Checkpoints written before the schedule was saved lack lr_scheduler.schedule; DCP would refuse the
+    missing key, so the checkpoint manager tells the schedulers not to ask for it."""
+    import torch.distributed.checkpoint as dcp
+
+    from titan_delta.trainer.checkpoint import MarkedCheckpointManager
+
+    uninterrupted, _ = _run_schedule(WSD, 20, until=20)
+    _, schedulers = _run_schedule(WSD, 20, until=12)
+    old = schedulers.state_dict()
+    del old["schedule"]
+    dcp.save({"lr_scheduler": old}, checkpoint_id=str(tmp_path), no_dist=True)
+
+    _, resumed_schedulers = _run_schedule(WSD, 20, until=0)
+    manager = object.__new__(MarkedCheckpointManager)  # dcp_load needs no more of the manager than this
+    manager.states, manager.sd_adapter = {}, None
+    manager.dcp_load({"lr_scheduler": resumed_schedulers}, str(tmp_path), False, False)
+    scheduler = resumed_schedulers.schedulers[0]
+    assert scheduler.last_epoch == 12 and resumed_schedulers.checkpoint_has_schedule
+    assert scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(uninterrupted[12])

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
-from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
+import torch.distributed.checkpoint as dcp
+from torchtitan.components.checkpoint import LR_SCHEDULER, AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
+
+from titan_delta.trainer.lr_schedule import ResumableLRSchedulers
 
 COMPLETE_MARKER = "COMPLETE.json"
 DCP_METADATA = ".metadata"
@@ -177,6 +180,13 @@ class MarkedCheckpointManager(CheckpointManager):
                     "or -1 for the latest complete one."
                 )
         return super().load(step)
+
+    def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, *args, **kwargs):
+        schedulers = state_dict.get(LR_SCHEDULER)
+        if not from_hf and isinstance(schedulers, ResumableLRSchedulers):
+            saved = dcp.FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+            schedulers.checkpoint_has_schedule = f"{LR_SCHEDULER}.schedule" in saved
+        return super().dcp_load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
 
     def dcp_save(
         self, state_dict: dict[str, Any], checkpoint_id: str, async_mode: AsyncMode, *args, **kwargs

@@ -143,13 +143,20 @@ class ResumableLRSchedulers(LRSchedulersContainer):
     def __init__(self, optimizers: OptimizersContainer, phases: SchedulePhases) -> None:
         super().__init__(optimizers, functools.partial(lr_factor, phases=phases))
         self.phases = phases
+        # False while loading a checkpoint written before the schedule was saved (DCP asks for every key
+        # that state_dict() names); set by the checkpoint manager, which can read the checkpoint's keys.
+        self.checkpoint_has_schedule = True
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "schedule": self.phases.as_tensor()}
+        state = super().state_dict()
+        if self.checkpoint_has_schedule:
+            state["schedule"] = self.phases.as_tensor()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = copy.copy(state_dict)
         saved_tensor = state.pop("schedule", None)
+        self.checkpoint_has_schedule = True
         super().load_state_dict(state)
         resume_step = self.schedulers[0].last_epoch
         saved = None if saved_tensor is None else SchedulePhases.from_tensor(saved_tensor)

@@ -71,6 +71,7 @@ def _parsed(*overrides: str):
         (["--model.flavor", "7B"], "[model] flavor = '7B': deltaformer has flavors"),
         (["--checkpoint.keep_latest_k", "1"], "[checkpoint] keep_latest_k = 1"),
         (["--parallelism.tensor_parallel_degree", "2"], "[parallelism] tensor_parallel_degree = 2"),
+        (["--parallelism.data_parallel_replicate_degree", "-1"], "replicate_degree = -1: expected >= 1"),
         (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "x"],
          "selective_ac_option = 'x'"),
         (["--lr_scheduler.warmup_steps", "1000"], "[lr_scheduler] warmup_steps = 1000"),
@@ -140,3 +141,16 @@ def setup_and_spec(name: str):
 
     setup_torchtitan()
     return get_train_spec(name)
+
+
+def test_replicate_degree_minus_one_fills_the_ranks_the_shard_degree_leaves() -> None:
+    from types import SimpleNamespace
+
+    from titan_delta.trainer.trainer import resolve_replicate_degree
+
+    par = SimpleNamespace(data_parallel_replicate_degree=-1, data_parallel_shard_degree=8)
+    resolve_replicate_degree(par, 32)
+    assert par.data_parallel_replicate_degree == 4
+    par = SimpleNamespace(data_parallel_replicate_degree=-1, data_parallel_shard_degree=8)
+    with pytest.raises(ConfigError, match="the 12 ranks do not divide by data_parallel_shard_degree = 8"):
+        resolve_replicate_degree(par, 12)

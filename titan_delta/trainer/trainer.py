@@ -3,6 +3,7 @@
 - The model args are the flavor's with the ``[model]`` field overrides applied
   (:mod:`titan_delta.trainer.model_overrides`), and the tokenizer's vocabulary reaches them: torchtitan
   0.2.2 calls ``update_from_config(job_config)`` without it, so we call it with the tokenizer first.
+- ``[parallelism] data_parallel_replicate_degree = -1`` means every rank the shard degree leaves.
 - ``[training] seed`` (default 0) seeds the run unless ``[debug] seed`` is set, so identical configs
   train identically.
 - Checkpoints carry completion markers (:mod:`titan_delta.trainer.checkpoint`) recording the resolved
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,16 +32,33 @@ from torchtitan.train import Trainer
 from titan_delta.eval.scheduled import ScheduledEvaluator
 from titan_delta.hf.export_folder import model_args_dict
 from titan_delta.trainer.checkpoint import MarkedCheckpointManager
+from titan_delta.trainer.config_checks import ConfigError
 from titan_delta.trainer.model_overrides import resolve_job_model_args
 from titan_delta.trainer.nonfinite import NonFinitePolicy
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
+def resolve_replicate_degree(parallelism: Any, world_size: int) -> None:
+    """``data_parallel_replicate_degree = -1``: every rank the shard degree leaves, so one config runs DDP
+    (shard degree 1) or HSDP (shard degree = GPUs per node) on any number of GPUs or nodes; torchtitan
+    infers only the shard degree."""
+    if parallelism.data_parallel_replicate_degree != -1:
+        return
+    shard = parallelism.data_parallel_shard_degree
+    if world_size % shard:
+        raise ConfigError(
+            f"[parallelism] data_parallel_replicate_degree = -1: the {world_size} ranks do not divide by "
+            f"data_parallel_shard_degree = {shard}"
+        )
+    parallelism.data_parallel_replicate_degree = world_size // shard
+
+
 class TitanDeltaTrainer(Trainer):
     def __init__(self, job_config: JobConfig) -> None:
         if job_config.debug.seed is None:  # torchtitan would draw a random seed
             job_config.debug.seed = job_config.training.seed
+        resolve_replicate_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")))
         self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
         spec = train_spec_module.get_train_spec(job_config.model.name)
         # Built afresh from the registry's flavor (never the spec's entry, which an earlier trainer in

@@ -55,9 +55,11 @@ PY
 run() {  # $1 = family, $2 = number of GPUs, $3 = run name
   local dir="$OUT/$3"
   mkdir -p "$dir"
+  # full-shard FSDP whatever the config ships (tools/scaling.py compares the strategies)
+  local fsdp=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree -1)
   # shellcheck disable=SC2046
   NGPU="$2" CONFIG="train_configs/$1_340M.toml" LOG_RANK=0 \
-    launch/run_single_node.sh $(overrides "$dir") >"$dir/train.log" 2>&1
+    launch/run_single_node.sh $(overrides "$dir") "${fsdp[@]}" >"$dir/train.log" 2>&1
   echo "exit code $?" >>"$dir/train.log"
   summarize "$dir/train.log"
 }

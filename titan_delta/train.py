@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_torchtitan()
     try:
         args = build_args(argv)
-        config = ConfigManager().parse_args(args)
+        try:
+            config = ConfigManager().parse_args(args)
+        except AssertionError as err:  # torchtitan's own value checks (__post_init__) are bare asserts
+            raise ConfigError(f"torchtitan rejected the config: {err}") from err
         check_job_config(config, registered_families())
         if config.checkpoint.create_seed_checkpoint and os.environ.get("WORLD_SIZE", "1") != "1":
             raise ConfigError("[checkpoint] create_seed_checkpoint needs one process (WORLD_SIZE=1)")

@@ -77,7 +77,7 @@ def _parsed(*overrides: str):
         (["--lr_scheduler.warmup_steps", "1000"], "[lr_scheduler] warmup_steps = 1000"),
         (["--nan_policy.max_skipped_steps", "-2"], "[nan_policy] max_skipped_steps = -2"),
         (["--data.lanes", "0"], "data.lanes must be >= 1"),
-        (["--validation.enable"], "[validation] enable = true"),
+        (["--validation.enable"], "[validation] dataset_path is not set"),
     ],
 )  # fmt: skip
 def test_bad_values_after_parsing(overrides: list[str], message: str) -> None:

@@ -130,6 +130,20 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_validation(v: Any) -> None:
+    if not v.enable:
+        return
+    _require(v.freq >= 1, f"[validation] freq = {v.freq}: expected >= 1")
+    _require(
+        v.steps >= 1 or v.steps == -1, f"[validation] steps = {v.steps}: expected >= 1 or -1 (whole set)"
+    )
+    _require(v.local_batch_size >= 1, f"[validation] local_batch_size = {v.local_batch_size}: expected >= 1")
+    _require(
+        bool(v.dataset_path),
+        "[validation] dataset_path is not set: expected the held-out source, e.g. 'jsonl:held_out/*.jsonl'",
+    )
+
+
 def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]]) -> None:
     """Semantic checks of a parsed JobConfig; ``families`` maps each registered model name to its flavors."""
     # Imported here: these modules import torchtitan components that are heavier than the checks.
@@ -156,11 +170,7 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     gbs = training.global_batch_size
     _require(gbs == -1 or gbs >= 1, f"[training] global_batch_size = {gbs}: expected -1 (auto) or >= 1")
     _require(training.max_norm > 0, f"[training] max_norm = {training.max_norm}: expected > 0")
-    _require(
-        not job_config.validation.enable,
-        "[validation] enable = true: titan-delta has no validator yet (evaluation runs from exported "
-        "checkpoints, see tools/export_checkpoint.py)",
-    )
+    _check_validation(job_config.validation)
     if hasattr(job_config, "eval"):
         try:
             job_config.eval.validate()

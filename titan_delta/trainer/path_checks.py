@@ -31,6 +31,9 @@ def check_paths(job_config: Any) -> None:
         check_pretokenized(data.pretokenized)
     else:
         check_sources(data)
+    validation = job_config.validation
+    if validation.enable and validation.dataset_path:
+        check_validation_source(validation.dataset_path, data)
     check_checkpoint_paths(job_config)
     eval_config = getattr(job_config, "eval", None)
     if eval_config is not None and eval_config.enable:
@@ -87,6 +90,17 @@ def check_sources(data: DataConfig) -> None:
             parse_source(spec, data.text_field, data.hub_retries, data.hub_backoff_s)
         except DataConfigError as err:
             raise ConfigError(str(err)) from err
+
+
+def check_validation_source(spec: str, data: DataConfig) -> None:
+    """The held-out source parses and, if local, matches a file."""
+    from titan_delta.data.sources import parse_source
+
+    try:
+        parse_source(spec, data.text_field, data.hub_retries, data.hub_backoff_s)
+    except DataConfigError as err:
+        message = str(err).removeprefix("[data] sources: ")
+        raise ConfigError(f"[validation] dataset_path: {message}") from err
 
 
 def check_checkpoint_paths(job_config: Any) -> None:

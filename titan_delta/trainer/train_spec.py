@@ -3,7 +3,7 @@
 ``[model] name`` is the family (``deltaformer``, ``gated_deltaproduct``, ``deltaformer_swa``,
 ``gated_deltaproduct_swa``, ``transformer``) and ``[model] flavor`` its size (``debug``, ``340M``,
 ``1.3B``). Every spec shares the model class, parallelize_fn, data, loss, optimizer, LR schedule and
-metrics builders; only the flavor table differs.
+metrics and validator builders; only the flavor table differs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from titan_delta.trainer.lr_schedule import build_lr_schedulers
 from titan_delta.trainer.metrics import build_metrics_processor
 from titan_delta.trainer.optimizer import build_optimizers
 from titan_delta.trainer.parallelize import parallelize_titan_delta
+from titan_delta.trainer.validation import build_validator
 
 _registered: dict[str, TrainSpec] = {}
 
@@ -37,6 +38,7 @@ def make_train_spec(family: str) -> TrainSpec:
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_validator,
         build_metrics_processor_fn=build_metrics_processor,
     )
 

@@ -168,3 +168,14 @@ def scalar_tags(dump: Path, tb_folder: str = "tb") -> set[str]:
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
     return tags
+
+
+def parsed_debug_config(*overrides: str):
+    """The debug config parsed as the trainer parses it (our sections merged), with CLI overrides."""
+    from torchtitan.config import ConfigManager
+
+    from titan_delta.train import build_args
+    from titan_delta.trainer import setup_torchtitan
+
+    setup_torchtitan()
+    return ConfigManager().parse_args(build_args(["--job.config_file", str(DEBUG_CONFIG), *overrides]))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import DEBUG_CONFIG
+from tests.trainer.helpers import DEBUG_CONFIG, parsed_debug_config
 from titan_delta.train import EXIT_CONFIG_ERROR, build_args, main
 from titan_delta.trainer import registered_families, setup_torchtitan
 from titan_delta.trainer.config_checks import ConfigError, check_job_config
@@ -57,13 +57,6 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
         build_args(["--job.config_file", str(broken)])
 
 
-def _parsed(*overrides: str):
-    from torchtitan.config import ConfigManager
-
-    setup_torchtitan()
-    return ConfigManager().parse_args(build_args(["--job.config_file", str(DEBUG_CONFIG), *overrides]))
-
-
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -82,7 +75,7 @@ def _parsed(*overrides: str):
 )  # fmt: skip
 def test_bad_values_after_parsing(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        check_job_config(_parsed(*overrides), registered_families())
+        check_job_config(parsed_debug_config(*overrides), registered_families())
     assert message in str(err.value)
 
 
@@ -94,7 +87,7 @@ def test_main_exits_with_config_error_code(tmp_path: Path) -> None:
 
 
 def test_our_sections_and_defaults_are_merged() -> None:
-    config = _parsed("--optimizer.no_weight_decay", "A_log,norm")
+    config = parsed_debug_config("--optimizer.no_weight_decay", "A_log,norm")
     assert config.optimizer.no_weight_decay == ["A_log", "norm"]
     assert config.optimizer.lr == 2e-3  # torchtitan's keys of the same section survive the merge
     assert config.checkpoint.last_save_model_only is False

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import from_seed
-from tests.trainer.helpers import DEBUG_CONFIG, scalars, train
-from titan_delta.trainer import registered_families, setup_torchtitan
+from tests.trainer.helpers import DEBUG_CONFIG, parsed_debug_config, scalars, train
+from titan_delta.trainer import registered_families
 from titan_delta.trainer.config_checks import ConfigError, check_job_config
 from titan_delta.trainer.path_checks import check_paths
 
@@ -68,15 +68,6 @@ def test_fsdp_matches_single_process_and_saves_after_validation(tmp_path, seed_c
         assert (dump / "checkpoint" / f"step-{step}" / "COMPLETE.json").is_file()
 
 
-def _parsed(*overrides: str):
-    from torchtitan.config import ConfigManager
-
-    from titan_delta.train import build_args
-
-    setup_torchtitan()
-    return ConfigManager().parse_args(build_args(["--job.config_file", str(DEBUG_CONFIG), *overrides]))
-
-
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -86,7 +77,8 @@ def _parsed(*overrides: str):
     ],
 )
 def test_bad_validation_keys(overrides: list[str], message: str) -> None:
-    config = _parsed("--validation.enable", "--validation.dataset_path", "jsonl:x.jsonl", *overrides)
+    enabled = ["--validation.enable", "--validation.dataset_path", "jsonl:x.jsonl"]
+    config = parsed_debug_config(*enabled, *overrides)
     with pytest.raises(ConfigError) as err:
         check_job_config(config, registered_families())
     assert message in str(err.value)
@@ -102,7 +94,7 @@ def test_steps_rejected_by_torchtitan_is_a_config_error() -> None:
 
 def test_missing_validation_source(tmp_path: Path) -> None:
     missing = tmp_path / "nothing.jsonl"
-    config = _parsed("--validation.enable", "--validation.dataset_path", f"jsonl:{missing}")
+    config = parsed_debug_config("--validation.enable", "--validation.dataset_path", f"jsonl:{missing}")
     check_job_config(config, registered_families())
     with pytest.raises(ConfigError) as err:
         check_paths(config)

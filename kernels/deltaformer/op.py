@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from titan_delta.ops._checks import check_same_device, check_shape, check_tensor
+from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
 from titan_delta_kernels.deltaformer._common import (
     KERNEL_DTYPES,
     default_config,

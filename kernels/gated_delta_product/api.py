@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from titan_delta.ops._checks import check_same_device, check_shape, check_tensor
+from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
 from titan_delta_kernels.gated_delta_product._common import MAX_HEAD_DIM, chunk_geometry
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.options import (

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from titan_delta.data.config import DataConfigError
-from titan_delta.data.tokenizer import DataTokenizer
+from titan_delta.data.tokenizer_base import DataTokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -12,16 +12,16 @@ import base64
 import hashlib
 import json
 import os
-from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tiktoken
-from torchtitan.components.tokenizer import BaseTokenizer
 
 from titan_delta.data.config import DataConfigError, data_config_from
+from titan_delta.data.hf_tokenizer import is_hf_tokenizer_spec, load_hf_tokenizer
+from titan_delta.data.tokenizer_base import DataTokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEFAULT_TOKENIZER = ASSETS / "titan_delta_bpe16k.tiktoken"
@@ -63,41 +63,6 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     if not ranks:
         raise DataConfigError(f"tokenizer file {path} holds no ranks")
     return ranks
-
-
-class DataTokenizer(BaseTokenizer):
-    """What the data pipeline, pre-tokenisation, the model's vocabulary and the eval adapter use.
-
-    ``encode`` (ordinary text, BOS/EOS only when asked), ``decode``, ``get_vocab_size`` (every id is below
-    it), ``eos_id``, ``bos_id`` (``None`` when the tokenizer has none), ``source`` (a name for messages and
-    the pre-tokenised index), ``encode_ordinary_batch`` and ``fingerprint``.
-    """
-
-    source: str
-    eos_id: int
-    bos_id: int | None
-
-    @abstractmethod
-    def encode_ordinary(self, text: str) -> list[int]:
-        """Token ids of ``text`` as ordinary text: special-token text inside it is never a special token."""
-
-    @abstractmethod
-    def encode_ordinary_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """``encode_ordinary`` of each text, as int64 arrays."""
-
-    @abstractmethod
-    def fingerprint(self) -> str:
-        """Identifies the exact vocabulary, so pre-tokenised shards are never read with another one."""
-
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, **_: Any) -> list[int]:
-        ids = self.encode_ordinary(text)
-        if add_bos:
-            if self.bos_id is None:
-                raise DataConfigError(f"tokenizer {self.source} has no BOS token (set data.add_bos = false)")
-            ids.insert(0, self.bos_id)
-        if add_eos:
-            ids.append(self.eos_id)
-        return ids
 
 
 class TiktokenTokenizer(DataTokenizer):
@@ -158,8 +123,6 @@ def load_tokenizer(
     """``default``, a named tiktoken encoding, a ranks file (pattern/specials from its .json sidecar), or a
     Hugging Face ``tokenizer.json`` (or a folder holding one). ``eos_token``/``bos_token`` choose the EOS and
     BOS of a Hugging Face tokenizer (a tiktoken tokenizer's come with it)."""
-    from titan_delta.data.hf_tokenizer import is_hf_tokenizer_spec, load_hf_tokenizer
-
     named = spec == "default" or spec in NAMED_ENCODINGS  # never a folder of that name in the working dir
     if not named and is_hf_tokenizer_spec(spec):
         return load_hf_tokenizer(spec, threads, eos_token, bos_token)

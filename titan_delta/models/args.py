@@ -19,7 +19,7 @@ from torchtitan.protocols.model import BaseModelArgs
 from titan_delta.models.components.mlp import swiglu_hidden_dim
 from titan_delta.models.mixers.attention_masks import ATTN_BACKENDS
 from titan_delta.models.mixers.deltaformer import BETA_MODES, KAPPA_KERNELS, PROBES
-from titan_delta.models.mixers.registry import MIXER_NAMES
+from titan_delta.models.mixers.names import MIXER_NAMES
 
 if TYPE_CHECKING:
     from torchtitan.config import JobConfig

@@ -17,9 +17,7 @@ from typing import Any, Literal
 
 from torchtitan.config import JobConfig as TorchtitanJobConfig
 
-
-class ConfigError(ValueError):
-    """A config file, key or value that cannot be used; the message says where and what is expected."""
+from titan_delta.trainer.config_error import ConfigError
 
 
 def load_toml(path: str) -> dict[str, Any]:

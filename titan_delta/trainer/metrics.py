@@ -42,7 +42,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
-from titan_delta.trainer.config_checks import ConfigError
+from titan_delta.trainer.config_error import ConfigError
 from titan_delta.trainer.cpu_shim import on_cpu
 
 _GIB = 1024**3

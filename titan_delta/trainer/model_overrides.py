@@ -15,7 +15,7 @@ from typing import Any
 from titan_delta.models import ModelArgs
 from titan_delta.models.flavors import get_model_args
 from titan_delta.trainer.config import MODEL_OVERRIDE_FIELDS
-from titan_delta.trainer.config_checks import ConfigError
+from titan_delta.trainer.config_error import ConfigError
 
 
 def model_overrides(section: Mapping[str, Any] | Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from titan_delta.data.config import DataConfig, DataConfigError, data_config_from
-from titan_delta.trainer.config_checks import ConfigError
+from titan_delta.trainer.config_error import ConfigError
 
 TOKENIZER_FILE = (
     "a .tiktoken or Llama-3 tokenizer.model ranks file, or a Hugging Face tokenizer.json or a folder with one"

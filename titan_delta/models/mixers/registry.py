@@ -10,6 +10,7 @@ from torch import nn
 from titan_delta.models.mixers.attention import AttentionConfig, SoftmaxAttention
 from titan_delta.models.mixers.deltaformer import DeltaFormerAttention, DeltaFormerConfig
 from titan_delta.models.mixers.gated_deltaproduct import GatedDeltaProduct, GatedDeltaProductConfig
+from titan_delta.models.mixers.names import MIXER_NAMES
 
 if TYPE_CHECKING:
     from titan_delta.models.args import ModelArgs
@@ -83,7 +84,8 @@ MIXER_BUILDERS: dict[str, Callable[[ModelArgs], nn.Module]] = {
     "deltaformer": build_deltaformer,
     "gated_deltaproduct": build_gated_deltaproduct,
 }
-MIXER_NAMES = tuple(MIXER_BUILDERS)
+if tuple(MIXER_BUILDERS) != MIXER_NAMES:  # one list of names for the args' checks and the builders
+    raise ImportError(f"mixer builders {tuple(MIXER_BUILDERS)} do not match names.MIXER_NAMES {MIXER_NAMES}")
 
 
 def build_mixer(name: str, args: ModelArgs) -> nn.Module:

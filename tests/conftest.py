@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(shared_runs)
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run tools/gpu_proof.sh on one)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run tools/bench/proof_kernels.sh on one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)

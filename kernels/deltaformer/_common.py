@@ -180,8 +180,8 @@ def _base_config(head_dim: int, value_dim: int, seq_len: int) -> BlockConfig:
     fused = width <= 128
     prep_tiles = (64, 64, 4, 3) if fused else None
     # Capped at 128 registers (154-160 uncapped) the preparation launch at D <= 64 fits 4 blocks per SM
-    # instead of 3 and spills nothing (offline sm_90a compile, Triton 3.6, tools/kernel_resources.py); on
-    # an H200 its two launches at [8,2048,16,64] took 253 -> 243 µs and the forward's GPU time 0.450 ->
+    # instead of 3 and spills nothing (offline sm_90a compile, Triton 3.6, tools/bench/kernel_resources.py);
+    # on an H200 its two launches at [8,2048,16,64] took 253 -> 243 µs and the forward's GPU time 0.450 ->
     # 0.442 ms (docs/benchmarks.md, run 29). At D = 128 it takes up to 218 registers: a cap would spill.
     prep_registers = 128 if fused and width <= 64 else 0
     # Wavefront solves (fourth session, docs/benchmarks.md runs 9-11, H200): inside each superblock of the

@@ -12,13 +12,13 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torchtitan.components.checkpoint import ModelWrapper
 
+from titan_delta.hf.export_cli import export
+from titan_delta.hf.import_cli import main as import_main
 from titan_delta.hf.importer import load_hf_model, trainer_settings
 from titan_delta.models import TitanDeltaLM
 from titan_delta.models.context import MixerContext
 from titan_delta.trainer.checkpoint import checkpoint_problem
 from titan_delta.trainer.model_overrides import resolve_model_args
-from tools.export_checkpoint import export
-from tools.import_checkpoint import main as import_main
 
 REPO_DEBUG_CONFIG = "train_configs/debug.toml"  # [model] deltaformer/debug, seq_len 256, default tokenizer
 

@@ -1,4 +1,4 @@
-"""``tools/kernel_resources.py``: offline sm_90 compiles of the real launches, on the CPU machine.
+"""``tools/bench/kernel_resources.py``: offline sm_90 compiles of the real launches, on the CPU machine.
 
 The tool runs in its own process (it replaces Triton's active driver and must not run under the
 interpreter). Checked: every kernel of a DeltaFormer forward and of a GDP forward+backward is compiled and

@@ -1,5 +1,5 @@
-"""``tools/profile_gdp_kernels.py`` on the CPU machine: it imports and refuses to run without a GPU (exit 2, a
-clear message), and its table sums every kernel but lists only those of 2 µs or more per step."""
+"""``tools/bench/profile_gdp_kernels.py`` on the CPU machine: it imports and refuses to run without a GPU
+(exit 2, a clear message), and its table sums every kernel but lists only those of 2 µs or more per step."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tools/gpu_state_tracking.sh and its summary (suite.py), exercised on CPU with a tiny config: budget
+"""tools/bench/proof_state_tracking.sh and its summary (suite.py), exercised on CPU with a tiny config: budget
 handling, per-run time limits, the three output files, and runs that did not finish."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from titan_delta.state_tracking.suite import main as suite_main
 from titan_delta.state_tracking.suite import read_status
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "gpu_state_tracking.sh"
+SCRIPT = REPO / "tools" / "bench" / "proof_state_tracking.sh"
 TINY_TOML = """
 [task]
 name = "parity"

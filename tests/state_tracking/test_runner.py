@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from titan_delta.state_tracking import REPORT_FIELDS, LengthCurriculum, config_from_dict, run_experiment
+from titan_delta.state_tracking.cli import main
 from titan_delta.state_tracking.config import ModelConfig
 from titan_delta.state_tracking.modeling import build_task_model
 from titan_delta.state_tracking.report import EVAL_FIELDS
-from tools.state_tracking import main
 
 TINY = {
     "task": {"name": "word_problem", "group": "S3"},

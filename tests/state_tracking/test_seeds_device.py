@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from titan_delta.state_tracking import config_from_dict, load_config, run_experiment, run_seeds
+from titan_delta.state_tracking.cli import main
 from titan_delta.state_tracking.config import TrainingConfig
 from titan_delta.state_tracking.modeling import build_task_model
 from titan_delta.state_tracking.runtime import batch_to_device, resolve_device
 from titan_delta.state_tracking.seeds import SEEDS_SCHEMA
 from titan_delta.state_tracking.tasks import build_task
 from titan_delta.state_tracking.trainer import build_optimizer, lr_factor, train_step
-from tools.state_tracking import main
 
 QUICK = {
     "task": {"name": "parity"},

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import train
-
-STEPS_LONG = 6  # the FSDP reference run (also the uninterrupted run of the resume test)
+from tests.trainer.helpers import checkpointed_fsdp_args, from_seed, train
 
 
 @pytest.fixture(scope="session")
@@ -27,21 +25,6 @@ def seed_checkpoint(runs_root: Path) -> Path:
     path = dump / "checkpoint" / "step-0"
     assert (path / "COMPLETE.json").is_file()
     return path
-
-
-def from_seed(seed_checkpoint: Path) -> list[str]:
-    return ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed_checkpoint)]
-
-
-def checkpointed_fsdp_args(seed_checkpoint: Path) -> list[str]:
-    """The FSDP × 2 run that the resume test repeats: from the seed, 6 steps, checkpoints every 2, keep 2."""
-    return [
-        *from_seed(seed_checkpoint),
-        "--training.local_batch_size", "2",
-        "--training.steps", str(STEPS_LONG),
-        "--checkpoint.interval", "2",
-        "--checkpoint.keep_latest_k", "2",
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ BASE_ARGS = [
     "--data.num_workers", "0",
     "--eval.no-enable",  # the scheduled evals have their own test (tests/trainer/test_scheduled_eval.py)
 ]  # fmt: skip
-# Extra trainer arguments for every run, e.g. bf16 parameters when tools/gpu_proof_checkpoint.sh runs these
+# Extra trainer arguments for every run, e.g. bf16 parameters when tools/bench/proof_checkpoint.sh runs these
 # tests on GPUs (they run on whatever device torch finds).
 EXTRA_ARGS = shlex.split(os.environ.get("TITAN_DELTA_TEST_TRAIN_ARGS", ""))
 
@@ -179,3 +179,21 @@ def parsed_debug_config(*overrides: str):
 
     setup_torchtitan()
     return ConfigManager().parse_args(build_args(["--job.config_file", str(DEBUG_CONFIG), *overrides]))
+
+
+STEPS_LONG = 6  # the FSDP reference run (also the uninterrupted run of the resume test)
+
+
+def from_seed(seed_checkpoint: Path) -> list[str]:
+    return ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed_checkpoint)]
+
+
+def checkpointed_fsdp_args(seed_checkpoint: Path) -> list[str]:
+    """The FSDP × 2 run that the resume test repeats: from the seed, 6 steps, checkpoints every 2, keep 2."""
+    return [
+        *from_seed(seed_checkpoint),
+        "--training.local_batch_size", "2",
+        "--training.steps", str(STEPS_LONG),
+        "--checkpoint.interval", "2",
+        "--checkpoint.keep_latest_k", "2",
+    ]  # fmt: skip

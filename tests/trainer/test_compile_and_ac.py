@@ -2,7 +2,7 @@
 activation checkpointing (full, every n-th block, per-op) leaves outputs and gradients unchanged.
 
 CPU uses the aot_eager backend (dynamo + AOT autograd, what fullgraph-cleanliness depends on; inductor's
-C++ codegen would take minutes here). tools/gpu_proof_trainer.sh compiles with inductor on the GPU.
+C++ codegen would take minutes here). tools/bench/proof_trainer.sh compiles with inductor on the GPU.
 """
 
 from __future__ import annotations

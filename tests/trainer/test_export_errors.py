@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.helpers import DEBUG_CONFIG
+from titan_delta.hf.export_cli import ExportError, export, main, resolve_step_dir
 from titan_delta.trainer.checkpoint import mark_complete
-from tools.export_checkpoint import ExportError, export, main, resolve_step_dir
 
 
 def _step(folder: Path, step: int, complete: bool) -> Path:

@@ -8,8 +8,7 @@ import math
 import re
 import time
 
-from tests.trainer.conftest import STEPS_LONG, checkpointed_fsdp_args
-from tests.trainer.helpers import scalars, train, train_until
+from tests.trainer.helpers import STEPS_LONG, checkpointed_fsdp_args, scalars, train, train_until
 from titan_delta.trainer.checkpoint import list_checkpoint_dirs
 
 LOSS = "loss_metrics/global_avg_loss"

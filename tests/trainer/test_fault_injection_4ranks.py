@@ -15,9 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.trainer.conftest import from_seed
 from tests.trainer.faults import row_hashes
-from tests.trainer.helpers import scalars, train, train_until
+from tests.trainer.helpers import from_seed, scalars, train, train_until
 from titan_delta.data import DataConfig
 from titan_delta.data.loader import build_dataloader
 from titan_delta.data.tokenizer import load_tokenizer

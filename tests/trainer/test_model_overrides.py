@@ -149,10 +149,10 @@ def test_toml_list_layer_pattern_and_bool_are_checked_in_process(tmp_path: Path)
 
 def test_override_trains_checkpoints_exports_and_evaluates(tmp_path: Path) -> None:
     from titan_delta.eval.checkpoint import load_checkpoint
+    from titan_delta.hf.export_cli import export
     from titan_delta.models import build_model, count_parameters
     from titan_delta.trainer.checkpoint import COMPLETE_MARKER
     from titan_delta.trainer.dcp_model import CheckpointError
-    from tools.export_checkpoint import export
 
     dump = tmp_path / "run"
     overrides = {"gdp_num_householder": 3, "n_layers": 4, "gdp_allow_neg_eigval": True}

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import from_seed
-from tests.trainer.helpers import scalars, train
+from tests.trainer.helpers import from_seed, scalars, train
 
 LOSS = "loss_metrics/global_avg_loss"
 # fp32 with different reduction orders. The gradient norm gets a looser bound: torch's CPU norm kernels

@@ -221,8 +221,8 @@ def test_eval_and_export_name_a_missing_checkpoint(tmp_path: Path) -> None:
 def test_export_names_an_unwritable_out_and_a_missing_shard(tmp_path: Path, capsys) -> None:
     import torch.distributed.checkpoint as dcp
 
+    from titan_delta.hf.export_cli import main as export_main
     from titan_delta.models.flavors import build_model
-    from tools.export_checkpoint import main as export_main
 
     step = tmp_path / "step-1"
     dcp.save(build_model("deltaformer", "debug", vocab_size=16384).state_dict(), checkpoint_id=str(step))

@@ -14,10 +14,9 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from tests.trainer.conftest import checkpointed_fsdp_args
-from tests.trainer.helpers import DEBUG_CONFIG, scalars, train, train_until
+from tests.trainer.helpers import DEBUG_CONFIG, checkpointed_fsdp_args, scalars, train, train_until
+from titan_delta.hf.export_cli import export
 from titan_delta.trainer.checkpoint import COMPLETE_MARKER, list_checkpoint_dirs
-from tools.export_checkpoint import export
 
 LOSS = "loss_metrics/global_avg_loss"
 

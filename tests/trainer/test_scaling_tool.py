@@ -1,10 +1,10 @@
-"""tools/scaling.py: metric lines to (tokens/s per GPU, MFU, peak memory), efficiency against 1 GPU."""
+"""tools/bench/scaling.py: metric lines to (tokens/s per GPU, MFU, peak memory), efficiency against 1 GPU."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tools.scaling import Result, summarize, table
+from titan_delta.trainer.scaling_report import Result, summarize, table
 
 LINE = (
     "[rank0]:[titan] - root - INFO - step: {s:2d}  loss: 9.1  grad_norm:  0.3  memory: {m}GiB(8%)  "

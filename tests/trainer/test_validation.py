@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import from_seed
-from tests.trainer.helpers import DEBUG_CONFIG, parsed_debug_config, scalars, train
+from tests.trainer.helpers import DEBUG_CONFIG, from_seed, parsed_debug_config, scalars, train
 from titan_delta.trainer import registered_families
 from titan_delta.trainer.config_checks import ConfigError, check_job_config
 from titan_delta.trainer.path_checks import check_paths

@@ -1,4 +1,5 @@
-"""Summary of a suite of runs made by tools/gpu_state_tracking.sh: one Markdown page and one JSON file.
+"""Summary of a suite of runs made by tools/bench/proof_state_tracking.sh: one Markdown page and one JSON
+file.
 
 The script runs each config under ``timeout`` and appends one tab-separated line per run to a status file:
 ``name  config  status  exit_code  seconds  time_limit_s  json_path`` with status ``done`` (exit 0),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU proof of multi-rank checkpoints and fault recovery. From the repo root on a machine with 2+ GPUs:
 #
-#   source tools/gpu_env.sh && bash tools/gpu_proof_checkpoint.sh
+#   source tools/bench/env.sh && bash tools/bench/proof_checkpoint.sh
 #
 # 1. The debug config on 2 GPUs (FSDP over 2, Triton kernels, the scheduled lm-eval at the last step),
 #    a checkpoint every 5 of 12 steps, compile off: must exit 0 with complete step-5, step-10 and step-12.

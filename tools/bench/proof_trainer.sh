@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU proof of the trainer (issue #4). From the repo root on the GPU machine:
 #
-#   source tools/gpu_env.sh && tools/gpu_proof_trainer.sh
+#   source tools/bench/env.sh && tools/bench/proof_trainer.sh
 #
 # 1. Trains every 340M config for STEPS steps on one GPU with torch.compile (inductor) and full
 #    activation checkpointing, on the embedded corpus (the GPU machine has no network), and prints one
@@ -55,7 +55,7 @@ PY
 run() {  # $1 = family, $2 = number of GPUs, $3 = run name
   local dir="$OUT/$3"
   mkdir -p "$dir"
-  # full-shard FSDP whatever the config ships (tools/scaling.py compares the strategies)
+  # full-shard FSDP whatever the config ships (tools/bench/scaling.py compares the strategies)
   local fsdp=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree -1)
   # shellcheck disable=SC2046
   NGPU="$2" CONFIG="train_configs/$1_340M.toml" LOG_RANK=0 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof of the Triton Gated DeltaProduct kernels, one call on one GPU (after `source tools/gpu_env.sh`),
+# GPU proof of the Triton Gated DeltaProduct kernels, one call on one GPU (after `source tools/bench/env.sh`),
 # most informative first; every step under `timeout`. By default two steps, 560 s (fits a 600 s call):
 #   1. the `gpu`-marked tests of the default path (test_gated_delta_product_triton.py: 15 tests, 153–159 s
 #      on a warm H200; a fresh machine compiles everything first and got through 12 in 170 s),
@@ -24,7 +24,7 @@ ours_variants="default+lowp_state,plain,default,default+lowp,default+lowp+fastwy
 ours_variants="${GDP_OURS_VARIANTS:-$ours_variants}"
 fla_variants="${GDP_FLA_VARIANTS:-default}"
 shapes="4x4096x16x128,8x2048x16x64"
-bench=(python3 tools/bench_gated_delta_product.py)
+bench=(python3 tools/bench/gated_delta_product.py)
 tests=(python3 -m pytest -q -m gpu -rA -p no:cacheprovider)
 
 step() {  # step LIMIT LOG CMD...: run CMD under timeout, log everything, say how it ended (LIMIT 0: skip)

@@ -7,8 +7,8 @@ with a stand-in driver whose target is the GPU given: every launch compiles thro
 prints what ``cuobjdump -res-usage`` reports for the cubin. The numbers follow the installed Triton; the
 device image has Triton 3.6, so install that one elsewhere and put it first on PYTHONPATH.
 
-    PYTHONPATH=<triton-3.6 site>:. python tools/kernel_resources.py deltaformer --shape 8x2048x16x64
-    PYTHONPATH=<triton-3.6 site>:. python tools/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2
+    PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py deltaformer --shape 8x2048x16x64
+    PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2
 
 Outputs are garbage (no kernel runs): the report is about the compiled code only.
 """

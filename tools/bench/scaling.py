@@ -1,7 +1,7 @@
 """Data-parallel scaling table: tokens/s per GPU, efficiency against 1 GPU, MFU and peak memory per model,
 GPU count and strategy, every run on this machine in one invocation.
 
-    python tools/scaling.py --models transformer deltaformer gated_deltaproduct --gpus 1 2 4 \\
+    python tools/bench/scaling.py --models transformer deltaformer gated_deltaproduct --gpus 1 2 4 \\
         --strategies fsdp ddp hsdp --steps 100 --out outputs/scaling
 
 Each model trains its ``train_configs/<model>_<size>.toml`` config (``--config`` changes the pattern)
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from titan_delta.trainer.scaling_report import Result, row, summarize, table
+
+REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "run_single_node.sh"
 STRATEGIES = {
     "fsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "1",
@@ -37,33 +36,6 @@ STRATEGIES = {
     "hsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "2",
                        "--parallelism.data_parallel_shard_degree", str(n // 2)],
 }  # fmt: skip
-METRICS = re.compile(
-    r"step:\s*(\d+)\s+loss:\s*([\d.naif]+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+).*?mfu:\s*([\d.na]+)%"
-)
-
-
-@dataclass
-class Result:
-    model: str
-    strategy: str
-    gpus: int
-    tps: float | None  # tokens/s per GPU, None when the run failed
-    mfu: float | None
-    memory_gib: float | None
-    log: Path
-
-
-def summarize(log: Path, warmup_logs: int) -> tuple[float, float, float] | None:
-    """(mean tokens/s per GPU, mean MFU %, peak memory GiB) of the metric lines after warm-up."""
-    rows = [m.groups() for m in METRICS.finditer(log.read_text(errors="replace"))]
-    kept = rows[warmup_logs:]
-    if not kept:
-        return None
-    tps = statistics.mean(float(r[3].replace(",", "")) for r in kept)
-    mfu = statistics.mean(float(r[4]) for r in kept)
-    return tps, mfu, max(float(r[2]) for r in rows)
-
-
 def command(args: argparse.Namespace, model: str, gpus: int, strategy: str, dump: Path) -> list[str]:
     parallel = STRATEGIES[strategy](gpus) if gpus > 1 else []
     return [
@@ -115,23 +87,6 @@ def run_all(args: argparse.Namespace, report=None) -> list[Result]:
                 results.append(finish(*start(args, model, gpus, strategy), args.warmup_logs))
                 report and report(results)
     return results
-
-
-HEADER = ("| model | strategy | GPUs | tokens/s per GPU | efficiency | MFU % | peak memory GiB |\n"
-          "|---|---|---|---|---|---|---|")  # fmt: skip
-
-
-def row(r: Result, results: list[Result]) -> str:
-    if r.tps is None:
-        return f"| {r.model} | {r.strategy} | {r.gpus} | FAILED ({r.log}) | | | |"
-    one = next((b.tps for b in results if b.gpus == 1 and b.model == r.model), None)
-    eff = f"{100 * r.tps / one:.1f} %" if one else "-"
-    measured = f"{r.tps:,.0f} | {eff} | {r.mfu:.1f} | {r.memory_gib:.1f}"
-    return f"| {r.model} | {r.strategy} | {r.gpus} | {measured} |"
-
-
-def table(results: list[Result]) -> str:
-    return "\n".join([HEADER, *(row(r, results) for r in results)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ Counts input tokens of the batches the trainer would receive (``B·T`` per batch
 after a warm-up batch (worker start-up excluded). Prints one line per configuration plus ``os.getloadavg``
 so numbers from a shared machine can be judged.
 
-Example: ``python tools/bench_data.py --workers 2 --seconds 20``
+Example: ``python tools/bench/data.py --workers 2 --seconds 20``
 """
 
 from __future__ import annotations

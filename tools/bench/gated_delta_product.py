@@ -1,9 +1,9 @@
 """Benchmark: our Triton Gated DeltaProduct (each opt-in variant) vs flash-linear-attention, one process.
 
-    python tools/bench_gated_delta_product.py --breakdown 4x4096x16x128x2 --variants plain,default+fastwy
-    python tools/bench_gated_delta_product.py --nh 2,1,3 --variants default,default+lowp
-    python tools/bench_gated_delta_product.py --model 4x4096x16x128x2      # cost model only, no GPU
-    python tools/bench_gated_delta_product.py --no-table --sweep --breakdown 4x4096x16x128x2 --sweep-base lowp
+    python tools/bench/gated_delta_product.py --breakdown 4x4096x16x128x2 --variants plain,default+fastwy
+    python tools/bench/gated_delta_product.py --nh 2,1,3 --variants default,default+lowp
+    python tools/bench/gated_delta_product.py --model 4x4096x16x128x2      # cost model only, no GPU
+    python tools/bench/gated_delta_product.py --no-table --sweep --breakdown 4x4096x16x128x2 --sweep-base lowp
 
 Order: the per-stage breakdown of ours first (``--breakdown``; with ``--sweep`` instead a launch-config sweep,
 each configuration in its own process so one that crashes the CUDA context cannot take the rest), then

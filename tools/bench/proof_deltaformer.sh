@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU proof of the DeltaFormer Triton kernels: the gpu-marked correctness tests, then the benchmark tables
 # (ours, defaults and opt-in variants, vs SDPA causal; FLA optional) with per-kernel profiles. Run from the
-# repository root on a CUDA machine:   bash tools/gpu_proof_deltaformer.sh   (logs also go to $OUT when set)
+# repository root on a CUDA machine:   bash tools/bench/proof_deltaformer.sh   (logs also go to $OUT when set)
 # Every part runs under its own `timeout`, so one slow part cannot eat the others' time; bench rows are
 # printed as soon as they are measured, so a part cut short still leaves its finished rows. While the tests
 # run, background processes compile every benchmarked variant (Triton's disk cache), so the timed bench
@@ -27,10 +27,10 @@
 #   DF_VARIANTS_<B>x<T>x<H>x<D>  '|' list of variant specs for that shape (defaults below; '' = defaults)
 # Extra arguments are passed to every bench call, e.g. --inv-prec tf32
 set -uo pipefail
-cd "$(dirname "$0")/.."
-if [ -f tools/gpu_env.sh ] && ! python3 -c "import titan_delta_kernels" 2>/dev/null; then
+cd "$(dirname "$0")/../.."
+if [ -f tools/bench/env.sh ] && ! python3 -c "import titan_delta_kernels" 2>/dev/null; then
   # shellcheck disable=SC1091
-  source tools/gpu_env.sh
+  source tools/bench/env.sh
 fi
 log_dir="${OUT:-$(mktemp -d)}"
 mkdir -p "$log_dir"
@@ -69,7 +69,7 @@ if [ "$bench" = 1 ] && [ "${DF_WARM:-1}" = 1 ]; then
           echo "# warm-up exit 124 (not started: deadline)" > "$log_dir/warm_${shape}_${n}.log"
           continue
         fi
-        (timeout --kill-after=5 "$left" python3 tools/bench_deltaformer.py --warm \
+        (timeout --kill-after=5 "$left" python3 tools/bench/deltaformer.py --warm \
           --shapes "$shape" --variant "$spec"; echo "# warm-up exit $?") > "$log_dir/warm_${shape}_${n}.log" 2>&1 &
       done
     done
@@ -112,7 +112,7 @@ if [ "$bench" = 1 ]; then
     prof=()
     [ "${DF_PROFILE:-1}" = 1 ] && prof=(--profile --profile-variant "${!profile-}")
     echo "== bench $shape (timeout ${DF_BENCH_TIMEOUT:-100}s)"
-    timeout --kill-after=10 "${DF_BENCH_TIMEOUT:-100}" python3 tools/bench_deltaformer.py --shapes "$shape" \
+    timeout --kill-after=10 "${DF_BENCH_TIMEOUT:-100}" python3 tools/bench/deltaformer.py --shapes "$shape" \
       --variant "${!var-}" "${extra[@]}" "${prof[@]}" "$@" 2>&1 | grep -v "^\s*$" | tee -a "$log_dir/bench.log"
     echo "== bench $shape: exit ${PIPESTATUS[0]} (124 = timed out) after $((SECONDS - start)) s" \
       | tee -a "$log_dir/bench.log"

@@ -2,14 +2,14 @@
 # One device call, one job per GPU: job i runs on GPU i, all at once, each under its own time limit, so a
 # lease of N GPUs does N proofs in the wall time of the slowest. From the repository root on the GPU machine:
 #
-#   source tools/gpu_env.sh && LIMIT=540 bash tools/gpu_jobs.sh OUT_DIR gdp deltaformer \
+#   source tools/bench/env.sh && LIMIT=540 bash tools/bench/jobs.sh OUT_DIR gdp deltaformer \
 #     st:s3_gdp_nh1,s3_gdp_nh2+s4_gdp_nh1,s4_gdp_nh2 trainer:deltaformer,gated_deltaproduct
 #
 # Job kinds:
-#   gdp                     tools/gpu_proof_gated_delta_product.sh
-#   deltaformer             tools/gpu_proof_deltaformer.sh
-#   trainer:FAMILY,...      tools/gpu_proof_trainer.sh for those families (340M configs, one GPU)
-#   st:RUN,...[+RUN,...]    tools/gpu_state_tracking.sh for those paper configs; '+' starts another suite
+#   gdp                     tools/bench/proof_gated_delta_product.sh
+#   deltaformer             tools/bench/proof_deltaformer.sh
+#   trainer:FAMILY,...      tools/bench/proof_trainer.sh for those families (340M configs, one GPU)
+#   st:RUN,...[+RUN,...]    tools/bench/proof_state_tracking.sh for those paper configs; '+' starts another suite
 #                           on the same GPU at the same time (1-layer models leave most of a GPU idle)
 #   cmd:NAME                runs `bash -c "$JOB_NAME"` (an arbitrary command, e.g. a bench invocation);
 #                           files it writes under $JOB_DIR come back in the archive
@@ -18,7 +18,7 @@
 # Output: OUT_DIR/summary.txt (each job's exit status and the last lines of its log) and OUT_DIR/jobs.tar.gz
 # (everything every job wrote, one folder per job): two files, as the device tool returns at most eight.
 set -uo pipefail
-out="${1:?usage: tools/gpu_jobs.sh OUT_DIR JOB [JOB ...]}"
+out="${1:?usage: tools/bench/jobs.sh OUT_DIR JOB [JOB ...]}"
 shift
 (( $# > 0 )) || { echo "gpu_jobs: name at least one job (gdp, deltaformer, trainer:..., st:..., cmd:...)" >&2; exit 2; }
 limit="${LIMIT:-540}"
@@ -37,16 +37,16 @@ run_job() {  # run_job INDEX SPEC: everything goes to $work/INDEX_KIND/
   mkdir -p "$dir"
   export CUDA_VISIBLE_DEVICES=$i
   case "$kind" in
-    gdp) OUT="$dir" timeout -k 10 "$limit" bash tools/gpu_proof_gated_delta_product.sh ;;
-    deltaformer) OUT="$dir" timeout -k 10 "$limit" bash tools/gpu_proof_deltaformer.sh ;;
-    trainer) OUT="$dir" FAMILIES="${arg//,/ }" timeout -k 10 "$limit" bash tools/gpu_proof_trainer.sh ;;
+    gdp) OUT="$dir" timeout -k 10 "$limit" bash tools/bench/proof_gated_delta_product.sh ;;
+    deltaformer) OUT="$dir" timeout -k 10 "$limit" bash tools/bench/proof_deltaformer.sh ;;
+    trainer) OUT="$dir" FAMILIES="${arg//,/ }" timeout -k 10 "$limit" bash tools/bench/proof_trainer.sh ;;
     st)
       local n=0 group
       IFS='+' read -r -a groups <<<"$arg"
       for group in "${groups[@]}"; do
         n=$((n + 1))
         RUNS="${group//,/ }" BUDGET=$((limit - 20)) timeout -k 10 "$limit" \
-          bash tools/gpu_state_tracking.sh "$dir/suite$n" >"$dir/suite$n.out" 2>&1 &
+          bash tools/bench/proof_state_tracking.sh "$dir/suite$n" >"$dir/suite$n.out" 2>&1 &
       done
       wait
       cat "$dir"/suite*/results.md ;;

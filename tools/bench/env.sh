@@ -1,5 +1,5 @@
 # Source this at the start of a command on the GPU machine (repo root as working directory):
-#   source tools/gpu_env.sh
+#   source tools/bench/env.sh
 # It installs the carried wheels (.device-wheels, made by the shared fetch-wheels.sh: torchtitan,
 # torchdata, lm-eval, fla-core ...) and this project (editable, no deps, no build isolation: the image has
 # setuptools but no registry), keeps NVLink multicast off, and prints the versions in use.

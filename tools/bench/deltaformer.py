@@ -9,9 +9,9 @@ breakdown of one forward+backward of ours (``--profile-variant`` picks the varia
 opt-in kernel variants ('|'-separated specs as in ``TITAN_DELTA_DF_VARIANT``; an empty spec = defaults).
 Rows are printed as soon as they are measured, and a row that fails prints its error and is skipped.
 
-    python tools/bench_deltaformer.py                    # the issue's two shapes
-    python tools/bench_deltaformer.py --shapes 1x4096x16x128 --superblock 512,1024,100000 --profile
-    python tools/bench_deltaformer.py --no-fla --variant "|fused,keepinv|overlap,keepinv,sb=256"
+    python tools/bench/deltaformer.py                    # the issue's two shapes
+    python tools/bench/deltaformer.py --shapes 1x4096x16x128 --superblock 512,1024,100000 --profile
+    python tools/bench/deltaformer.py --no-fla --variant "|fused,keepinv|overlap,keepinv,sb=256"
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def _profile(shape, dtype, device, variant: str = "") -> None:
 
 def _warm(shape, dtype, device, sweeps) -> None:
     """One fwd and one fwd+bwd per sweep entry, untimed: fills Triton's on-disk kernel cache, so that
-    several of these processes can compile in parallel before a timed run (tools/gpu_proof_deltaformer.sh)."""
+    several of these processes can compile in parallel before a timed run
+    (tools/bench/proof_deltaformer.sh)."""
     from titan_delta_kernels.deltaformer import deltaformer_attn_triton
 
     q, k, v, beta, d_out = _inputs(shape, dtype, device)

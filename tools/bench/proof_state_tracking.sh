@@ -5,9 +5,9 @@
 # reached (the report marks it `cut_short`). Runs whose turn comes after the budget is spent are listed as
 # skipped. Nothing is estimated: every number in the output comes from a finished run.
 #
-# Run from the repository root after `source tools/gpu_env.sh`; the caller picks the GPU
+# Run from the repository root after `source tools/bench/env.sh`; the caller picks the GPU
 # (CUDA_VISIBLE_DEVICES):
-#   BUDGET=240 bash tools/gpu_state_tracking.sh OUT_DIR
+#   BUDGET=240 bash tools/bench/proof_state_tracking.sh OUT_DIR
 # Writes exactly three files into OUT_DIR: results.md (run status + tables), results.json (every report,
 # schema titan_delta.state_tracking.suite/1) and log.txt (the runs' output).
 #
@@ -25,7 +25,7 @@
 #   PYTHON     interpreter (default python3)
 set -u
 
-out=${1:?usage: BUDGET=240 bash tools/gpu_state_tracking.sh OUT_DIR}
+out=${1:?usage: BUDGET=240 bash tools/bench/proof_state_tracking.sh OUT_DIR}
 budget=${BUDGET:-240}
 seeds=${SEEDS:-0}
 min_slot=${MIN_SLOT:-45}

@@ -1,6 +1,6 @@
 """Per-kernel GPU time of a Gated DeltaProduct fwd+bwd step: ours (each variant) and FLA's, same inputs.
 
-    python tools/profile_gdp_kernels.py --specs 4x4096x16x128x2,8x2048x16x64x3 --variants default
+    python tools/bench/profile_gdp_kernels.py --specs 4x4096x16x128x2,8x2048x16x64x3 --variants default
 
 The benchmark (``bench_gated_delta_product.py``) says how far apart the totals are; this says where: in one
 process each implementation runs ``--iters`` fwd+bwd steps under ``torch.profiler`` after a warm-up, and

@@ -1,11 +1,9 @@
 """Kernel launches without Triton's per-call Python: ``launch(kernel, grid, *args, **kwargs)``.
 
 Why: ``kernel[grid](...)`` binds every argument, builds its cache key (including ``str`` of the options dict)
-and checks the kernel's globals on every call. On an H200 host that took 38–47 µs per launch of the
-DeltaFormer forward's kernels, against 10–14 µs for the compiled launcher alone: 40% of the small-shape
-forward's host time there (four launches), whose GPU time is only ~0.45 ms (docs/benchmarks.md, run 24).
-With this path the public call went 269 -> 232 µs on another host (run 25): the key below still costs
-Triton's specialisation of every runtime argument, 7–9 µs per launch.
+and checks the kernel's globals on every call, several times the cost of the compiled launcher itself; at
+small shapes, where a forward's GPU time is a fraction of a millisecond, that host time sets the pace
+(the DeltaFormer benchmark's ``--host`` rows measure it).
 
 ``launch`` keeps, per kernel, the ``CompiledKernel`` Triton returned for a key made of
 

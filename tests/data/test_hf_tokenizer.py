@@ -15,13 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.data.helpers import IGNORE, make_loader, random_docs, reference_stream, take, write_jsonl
 from titan_delta.data import DataConfig, DataConfigError, HFTokenizer, load_tokenizer
 from titan_delta.data.pretokenize import pretokenize
 from titan_delta.data.sources import DEFAULT_CORPUS
 from titan_delta.data.tokenizer import DEFAULT_TOKENIZER
-
-from .conftest import make_loader, random_docs, take, write_jsonl
-from .test_packing import IGNORE, reference_stream
 
 tokenizers = pytest.importorskip("tokenizers", reason="the Hugging Face tokenizers library")
 

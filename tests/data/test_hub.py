@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.helpers import make_loader, random_docs, take, write_parquet
 from titan_delta.data import DataConfig, DataConfigError, DataSourceError
 from titan_delta.data.sources import parse_source
-
-from .conftest import make_loader, random_docs, take, write_parquet
 
 pytest.importorskip("datasets")
 

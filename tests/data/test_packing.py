@@ -6,21 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.data.helpers import IGNORE, make_loader, random_docs, reference_stream, take, write_jsonl
 from titan_delta.data import DataConfig, position_ids_from_cu_seqlens
 from titan_delta.data.packing import row_targets, split_text
-
-from .conftest import make_loader, random_docs, take, write_jsonl
-
-IGNORE = -100
-
-
-def reference_stream(tokenizer, docs: list[str], add_bos: bool) -> tuple[np.ndarray, set[int]]:
-    """Documents as [BOS] text EOS back to back, and the stream positions where documents start."""
-    tokens, starts = [], set()
-    for doc in docs:
-        starts.add(len(tokens))
-        tokens += ([tokenizer.bos_id] if add_bos else []) + tokenizer.encode(doc) + [tokenizer.eos_id]
-    return np.asarray(tokens), starts
 
 
 @pytest.mark.parametrize("add_bos", [False, True])

@@ -8,13 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.data.helpers import assert_same_batches, make_loader, random_docs, take, write_jsonl
 from titan_delta.data import DataConfig, DataConfigError, load_tokenizer
 from titan_delta.data.pretokenize import pretokenize
 from titan_delta.data.pretokenized import TokenShards
 from titan_delta.data.tokenizer import DEFAULT_TOKENIZER
-
-from .conftest import make_loader, random_docs, take, write_jsonl
-from .test_resume import assert_same_batches
 
 
 @pytest.fixture

@@ -3,34 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from dataclasses import replace
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.data.helpers import assert_same_batches, make_loader, random_docs, rows_of, take, write_parquet
 from titan_delta.data import DataConfig, DataConfigError
-
-from .conftest import make_loader, random_docs, take, write_parquet
-
-
-def rows_of(batches) -> Counter:
-    """Multiset of (input row, label row): equal multisets mean no row lost and none repeated."""
-    rows: Counter = Counter()
-    for inputs, labels in batches:
-        for x, y in zip(inputs["input"].tolist(), labels.tolist(), strict=True):
-            rows[(tuple(x), tuple(y))] += 1
-    return rows
-
-
-def assert_same_batches(a, b) -> None:
-    assert len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
-        assert xa.keys() == xb.keys()
-        for key in xa:
-            assert torch.equal(xa[key], xb[key]), key
-        assert torch.equal(ya, yb)
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.data.helpers import make_loader, random_docs, take, write_jsonl, write_parquet
 from titan_delta.data import DataConfig, DataConfigError
 from titan_delta.data.mixture import DocumentStream, mixture_choices
 from titan_delta.data.sources import parse_source
-
-from .conftest import make_loader, random_docs, take, write_jsonl, write_parquet
 
 
 def read_all(spec: str, start: int = 0) -> list[str | None]:

@@ -87,6 +87,28 @@ def test_no_import_cycle_in_titan_delta():
     assert cycle is None, " -> ".join(cycle)
 
 
+def _test_imports(path: Path) -> list[str]:
+    """Imports of a test file that reach another test module, a conftest or a tool."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    bad = []
+    for target in _imports(path, module, False):
+        leaf = target.rsplit(".", 1)[-1]
+        in_tests = target.startswith("tests.")
+        if (in_tests and (leaf.startswith("test_") or leaf == "conftest")) or target.split(".")[0] == "tools":
+            bad.append(target)
+    return bad
+
+
+def test_tests_import_helpers_only():
+    """Shared test code lives in helper modules: no test imports another test module, a conftest or a tool."""
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if (found := _test_imports(path))
+    }
+    assert not offenders, offenders
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

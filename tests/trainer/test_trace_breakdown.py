@@ -1,0 +1,50 @@
+"""tools/bench/trace_breakdown.py on a hand-made trace: busy, exposed collectives, idle, host syncs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench" / "trace_breakdown.py"
+
+
+def _event(name: str, cat: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_breakdown_of_a_hand_made_step(tmp_path: Path) -> None:
+    ms = 1000.0  # trace times are microseconds
+    events = [
+        _event("ProfilerStep#9", "cpu_op", -50 * ms, 40 * ms),  # an earlier step: not counted
+        _event("ProfilerStep#10", "cpu_op", 0, 100 * ms),
+        _event("sm90_xmma_gemm_bf16", "kernel", 0, 40 * ms),
+        _event("triton_poi_fused_mul_0", "kernel", 60 * ms, 10 * ms),
+        _event("ncclDevKernel_ReduceScatter_Sum_bf16", "kernel", 30 * ms, 20 * ms),  # 10 ms beside the GEMM
+        _event("Memcpy DtoH", "gpu_memcpy", 80 * ms, 5 * ms),
+        _event("cudaStreamSynchronize", "cuda_runtime", 70 * ms, 4 * ms),
+        _event("cudaMemcpy", "cuda_runtime", 90 * ms, 1 * ms),
+        _event("cudaLaunchKernel", "cuda_runtime", 1 * ms, 0.01 * ms),
+    ]
+    trace = tmp_path / "rank0_trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    out = subprocess.run(
+        [sys.executable, str(TOOL), str(trace)], capture_output=True, text=True, check=True
+    ).stdout
+    row = next(line for line in out.splitlines() if line.startswith(f"| {trace}"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    # step, busy (0-50, 60-70, 80-85), compute, collectives, exposed, idle, syncs, sync ms
+    assert cells == ["100.0", "65.0", "50.0", "20.0", "10.0", "35.0", "2", "5.0"], out
+    assert "gemm 40.0 ms" in out and "nccl ReduceScatter 20.0 ms" in out
+
+
+def test_a_trace_without_a_profiled_step_is_one_clear_error(tmp_path: Path) -> None:
+    trace = tmp_path / "empty.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    proc = subprocess.run([sys.executable, str(TOOL), str(trace)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == f"trace_breakdown.py: {trace}: no ProfilerStep# span in the trace (was it "
+        "written by the trainer's profiler?)"
+    )

@@ -1,9 +1,10 @@
-"""DeltaFormer Triton kernels as ``torch.library`` custom ops with fake kernels and registered autograd.
+"""DeltaFormer attention on Triton kernels: the entry point, then its autograd.
 
-Being opaque custom ops, they trace under ``torch.compile(fullgraph=True)``, and activation checkpointing
-simply re-runs the forward op. Eager calls run the same bodies through a plain ``autograd.Function``, which
-costs less host time per call than the custom-op dispatch. The ``cu_seqlens`` path builds its document
-tables on the device, so no step reads values back to the host.
+``deltaformer_attn_triton`` validates and runs ``_EagerDeltaFormer`` (a plain ``autograd.Function``,
+cheapest in host time per call) or, under ``torch.compile``, the same forward and backward bodies as
+``torch.library`` custom ops with fake kernels and registered autograd: being opaque, they trace under
+``fullgraph=True``, and activation checkpointing simply re-runs the forward op. The ``cu_seqlens`` path
+builds its document tables on the device, so no step reads values back to the host.
 """
 
 from __future__ import annotations
@@ -11,146 +12,33 @@ from __future__ import annotations
 import torch
 
 from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
-from titan_delta_kernels.deltaformer._common import (
-    KERNEL_DTYPES,
-    default_config,
-    document_tables,
-    interpreting,
-)
+from titan_delta_kernels.deltaformer._common import KERNEL_DTYPES, document_tables, interpreting
+from titan_delta_kernels.deltaformer.config import MAX_HEAD_DIM, launch_config
 from titan_delta_kernels.deltaformer.passes import backward_pass, forward_pass
 
 _LIB = "titan_delta"
 
 
-def _interpreter_safe(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Triton's CPU interpreter (3.9) returns garbage from ``tl.dot`` on bf16 operands, so under the
-    interpreter bf16 inputs run through the same kernels in fp32 (results are cast back by the caller)."""
-    if not interpreting():
-        return list(tensors)
-    return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors]
+def deltaformer_attn_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+    w: torch.Tensor | None = None, scale: float, cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DeltaFormer attention with κ1 = softmax on the Triton kernels; differentiable in q, k, v, β and w.
 
-
-def _tables(cu_seqlens: torch.Tensor | None, seq_len: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return (None, None) if cu_seqlens is None else document_tables(cu_seqlens, seq_len)
-
-
-def _kept_inverse_shape(q: torch.Tensor, v: torch.Tensor, variant: str) -> tuple[int, ...]:
-    """Shape of the forward's inverse output: [B·H, n_chunks, chunk, chunk] with ``keepinv``, else [0]."""
-    B, T, H, D = q.shape
-    cfg = default_config(D, v.shape[-1], T, variant)
-    return (B * H, (T + cfg.chunk - 1) // cfg.chunk, cfg.chunk, cfg.chunk) if cfg.keep_inverse else (0,)
-
-
-def _forward_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, scale: float, variant: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """o, U, P·U, lse1, lse2 and the kept inverses (or an empty tensor): the body of the forward op."""
-    T, D = q.shape[1], q.shape[3]
-    cfg = default_config(D, v.shape[-1], T, variant)
-    doc_start, doc_end = _tables(cu_seqlens, T)
-    q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
-    o, u, pu, lse1, lse2, linv = forward_pass(q32, k32, v32, beta32, w32, doc_start, doc_end, scale, cfg)
-    kept = linv if cfg.keep_inverse else linv.new_empty(0)
-    return _as(o, q.dtype), _as(u, v.dtype), _as(pu, v.dtype), lse1, lse2, kept
-
-
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)`` without the dispatcher round trip when it is already that dtype (host time)."""
-    return x if x.dtype == dtype else x.to(dtype)
-
-
-@torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())
-def _fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, scale: float, variant: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, beta, w, cu_seqlens, scale, variant)
-
-
-@_fwd.register_fake
-def _fwd_fake(q, k, v, beta, w, cu_seqlens, scale, variant=""):
-    B, T, H, _ = q.shape
-    lse1 = q.new_empty((B, H, T), dtype=torch.float32)
-    lse2 = q.new_empty((B, H, T if w is not None else 0), dtype=torch.float32)
-    kept = q.new_empty(_kept_inverse_shape(q, v, variant), dtype=torch.float32)
-    return q.new_empty(v.shape), torch.empty_like(v), torch.empty_like(v), lse1, lse2, kept
-
-
-def _backward_impl(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-    w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
-    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, linv: torch.Tensor, scale: float,
-    variant: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
-    T, D = q.shape[1], q.shape[3]
-    cfg = default_config(D, v.shape[-1], T, variant)
-    doc_start, doc_end = _tables(cu_seqlens, T)
-    do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
-    dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,
-                                          doc_start, doc_end, scale, cfg, linv if linv.numel() else None)
-    dw = q.new_empty(0) if dw is None else dw.to(w.dtype).contiguous()
-    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
-            dbeta.to(beta.dtype).contiguous(), dw)
-
-
-@torch.library.custom_op(f"{_LIB}::deltaformer_triton_bwd", mutates_args=())
-def _bwd(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-    w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
-    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, linv: torch.Tensor, scale: float,
-    variant: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, scale, variant)
-
-
-@_bwd.register_fake
-def _bwd_fake(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, scale, variant=""):
-    dw = q.new_empty(0) if w is None else torch.empty_like(w)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), dw
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, beta, w, cu_seqlens, scale, variant = inputs
-    o, u, pu, lse1, lse2, linv = output
-    ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv)
-    ctx.scale = scale
-    ctx.variant = variant
-    ctx.has_w = w is not None
-    ctx.mark_non_differentiable(u, pu, lse1, lse2, linv)
-
-
-def _backward(ctx, do, _du, _dpu, _dlse1, _dlse2, _dlinv):
-    q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv = ctx.saved_tensors
-    dq, dk, dv, dbeta, dw = _bwd(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv, ctx.scale,
-                                 ctx.variant)
-    return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None, None
-
-
-_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _EagerDeltaFormer(torch.autograd.Function):
-    """The same forward and backward bodies as the custom ops, for eager calls. The custom-op dispatch
-    (schema binding, its Python autograd wrapper) costs host time on every call: 0.09 ms without and
-    0.22 ms with gradients on the CPU machine, where a whole small-shape forward leaves ~0.45 ms of GPU
-    time to hide the host behind (docs/kernels_deltaformer.md, sixth session). ``torch.compile`` traces the
-    custom ops instead (``deltaformer_attn_triton``)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, beta, w, cu_seqlens, scale, variant):  # type: ignore[override]
-        o, u, pu, lse1, lse2, linv = _forward_impl(q, k, v, beta, w, cu_seqlens, scale, variant)
-        ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv)
-        ctx.scale, ctx.variant, ctx.has_w = scale, variant, w is not None
-        return o
-
-    @staticmethod
-    def backward(ctx, do):  # type: ignore[override]
-        q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv = ctx.saved_tensors
-        dq, dk, dv, dbeta, dw = _backward_impl(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, linv,
-                                               ctx.scale, ctx.variant)
-        return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None, None
+    q, k, w: [B,T,H,D]; v: [B,T,H,Dv]; beta: [B,T,H]; 16 <= D, Dv <= 128; w=None uses q as the stage-1
+    probe. Stage 1 solves u_t = v_t − β_t Σ_{i<t} softmax_i(scale·w_t·k_i) u_i; stage 2 is
+    o = causal softmax(scale·q·kᵀ)·U. ``cu_seqlens`` (int32/int64 [N+1], B = 1) keeps packed documents
+    apart; its values are trusted (not read on the host). fp32/bf16/fp16 inputs, fp32 accumulation; the
+    output has q's dtype.
+    """
+    _validate(q, k, v, beta, w, cu_seqlens, scale)
+    if q.shape[1] == 0:
+        return v.to(q.dtype).clone()
+    q, k, v, beta = (t.contiguous() for t in (q, k, v, beta))
+    w = None if w is None else w.contiguous()
+    if torch.compiler.is_compiling():
+        return _fwd(q, k, v, beta, w, cu_seqlens, float(scale))[0]
+    return _EagerDeltaFormer.apply(q, k, v, beta, w, cu_seqlens, float(scale))
 
 
 def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
@@ -170,8 +58,10 @@ def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
             raise TypeError(f"{name} must have the same dtype as q ({q.dtype}), got {x.dtype}")
     check_same_device(q=q, k=k, v=v, beta=beta, w=w, cu_seqlens=cu_seqlens)
     for name, size in (("D (head dim of q, k, w)", D), ("Dv (head dim of v)", v.shape[-1])):
-        if not 16 <= size <= 256:
-            raise ValueError(f"the Triton DeltaFormer kernel needs 16 <= {name} <= 256, got {size}")
+        if not 16 <= size <= MAX_HEAD_DIM:
+            raise ValueError(f"the Triton DeltaFormer kernel needs 16 <= {name} <= {MAX_HEAD_DIM}, "
+                             f"got {size} (titan_delta.ops.deltaformer_attn(backend='auto') runs other "
+                             "head dims on the torch reference)")
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor [N+1], got {cu_seqlens.dtype} "
@@ -184,24 +74,114 @@ def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
         raise TypeError(f"scale must be a float, got {scale!r}")
 
 
-def deltaformer_attn_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-    w: torch.Tensor | None = None, scale: float, cu_seqlens: torch.Tensor | None = None, variant: str = "",
-) -> torch.Tensor:
-    """DeltaFormer attention with κ1 = softmax on the Triton kernels; differentiable in q, k, v, β and w.
+class _EagerDeltaFormer(torch.autograd.Function):
+    """The custom ops' forward and backward bodies for eager calls, without the custom-op dispatch
+    (schema binding, its Python autograd wrapper), whose host time per call is a large share of a
+    small-shape forward."""
 
-    q, k, w: [B,T,H,D]; v: [B,T,H,Dv]; beta: [B,T,H]; w=None uses q as the stage-1 probe. Stage 1 solves
-    u_t = v_t − β_t Σ_{i<t} softmax_i(scale·w_t·k_i) u_i; stage 2 is o = causal softmax(scale·q·kᵀ)·U.
-    ``cu_seqlens`` (int32/int64 [N+1], B = 1) keeps packed documents apart; its values are trusted (not
-    read on the host). fp32/bf16/fp16 inputs, fp32 accumulation; the output has q's dtype.
-    ``variant``: opt-in kernel variants such as ``"fused,keepinv"`` (``_common.apply_variant``); empty
-    means ``TITAN_DELTA_DF_VARIANT`` or, when that is unset, the defaults.
-    """
-    _validate(q, k, v, beta, w, cu_seqlens, scale)
-    if q.shape[1] == 0:
-        return v.to(q.dtype).clone()
-    q, k, v, beta = (t.contiguous() for t in (q, k, v, beta))
-    w = None if w is None else w.contiguous()
-    if torch.compiler.is_compiling():
-        return _fwd(q, k, v, beta, w, cu_seqlens, float(scale), variant)[0]
-    return _EagerDeltaFormer.apply(q, k, v, beta, w, cu_seqlens, float(scale), variant)
+    @staticmethod
+    def forward(ctx, q, k, v, beta, w, cu_seqlens, scale):  # type: ignore[override]
+        o, u, pu, lse1, lse2 = _forward_impl(q, k, v, beta, w, cu_seqlens, scale)
+        ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2)
+        ctx.scale, ctx.has_w = scale, w is not None
+        return o
+
+    @staticmethod
+    def backward(ctx, do):  # type: ignore[override]
+        dq, dk, dv, dbeta, dw = _backward_impl(do, *ctx.saved_tensors, ctx.scale)
+        return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None
+
+
+def _interpreter_safe(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Triton's CPU interpreter (3.9) returns garbage from ``tl.dot`` on bf16 operands, so under the
+    interpreter bf16 inputs run through the same kernels in fp32 (results are cast back by the caller)."""
+    if not interpreting():
+        return list(tensors)
+    return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors]
+
+
+def _tables(cu_seqlens: torch.Tensor | None, seq_len: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None, None) if cu_seqlens is None else document_tables(cu_seqlens, seq_len)
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the dispatcher round trip when it is already that dtype (host time)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _forward_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o, U, P·U, lse1 and lse2: the body of the forward op."""
+    T, D = q.shape[1], q.shape[3]
+    cfg = launch_config(D, v.shape[-1], T)
+    doc_start, _ = _tables(cu_seqlens, T)
+    q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
+    o, u, pu, lse1, lse2 = forward_pass(q32, k32, v32, beta32, w32, doc_start, scale, cfg)
+    return _as(o, q.dtype), _as(u, v.dtype), _as(pu, v.dtype), lse1, lse2
+
+
+def _backward_impl(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
+    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
+    T, D = q.shape[1], q.shape[3]
+    cfg = launch_config(D, v.shape[-1], T)
+    doc_start, doc_end = _tables(cu_seqlens, T)
+    do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
+    dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,
+                                          doc_start, doc_end, scale, cfg)
+    dw = q.new_empty(0) if dw is None else dw.to(w.dtype).contiguous()
+    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
+            dbeta.to(beta.dtype).contiguous(), dw)
+
+
+@torch.library.custom_op(f"{_LIB}::deltaformer_triton_fwd", mutates_args=())
+def _fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, beta, w, cu_seqlens, scale)
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, beta, w, cu_seqlens, scale):
+    B, T, H, _ = q.shape
+    lse1 = q.new_empty((B, H, T), dtype=torch.float32)
+    lse2 = q.new_empty((B, H, T if w is not None else 0), dtype=torch.float32)
+    return q.new_empty(v.shape), torch.empty_like(v), torch.empty_like(v), lse1, lse2
+
+
+@torch.library.custom_op(f"{_LIB}::deltaformer_triton_bwd", mutates_args=())
+def _bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+    w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
+    o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, scale)
+
+
+@_bwd.register_fake
+def _bwd_fake(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, scale):
+    dw = q.new_empty(0) if w is None else torch.empty_like(w)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), dw
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, beta, w, cu_seqlens, scale = inputs
+    o, u, pu, lse1, lse2 = output
+    ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2)
+    ctx.scale = scale
+    ctx.has_w = w is not None
+    ctx.mark_non_differentiable(u, pu, lse1, lse2)
+
+
+def _backward(ctx, do, _du, _dpu, _dlse1, _dlse2):
+    dq, dk, dv, dbeta, dw = _bwd(do, *ctx.saved_tensors, ctx.scale)
+    return dq, dk, dv, dbeta, (dw if ctx.has_w else None), None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)

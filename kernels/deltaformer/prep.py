@@ -1,19 +1,12 @@
-"""Fused preparation of one superblock of the stage-1 solve (opt-in variant ``fused``).
+"""Forward, first launch of each superblock: normalisers, the sums over earlier superblocks, the inverses.
 
-The default forward spends three launches before each sequential solve can start: the κ1 normaliser pass
-over all rows (a full causal QKᵀ + exp pass), the diagonal-block inverse pass, and, per superblock, the
-contribution of earlier superblocks (the same scores again, now with U). Here one launch per superblock
-does all three for its rows [row_lo, row_hi). Each program owns BT rows and streams over
-  1. the keys of earlier superblocks, [document start, row_lo), with their solved U — an online softmax
+One launch per superblock does, for its rows [row_lo, row_hi), what the wavefront solve needs before it
+can start. Each program owns BT rows and streams over
+  1. the keys of earlier superblocks, [document start, row_lo), with their solved U: an online softmax
      as in flash attention, so the normaliser needs no pass of its own;
   2. the superblock's own keys up to the block's diagonal, scores only (their U is not solved yet);
 and stores lse_t (log2 domain) and R_t = Σ_{i<row_lo} P[t,i] U_i. It then reads back the normalisers
 it just stored and builds (I + β P_cc)⁻¹ for each of its BT / chunk diagonal chunks.
-Part 2 is the only work the default forward does not do: superblock²/2 extra scores per superblock.
-The ``overlap`` variant splits part 1: a *partial* launch (``finish=False``) sums the keys solved before
-the previous superblock and leaves its online-softmax state (running max, running sum, unnormalised
-sums) in memory, so it can run on a side stream while that superblock is being solved; the *finishing*
-launch picks the state up for the remaining keys, part 2 and the inverses.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E, register_cap
-from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
+from titan_delta_kernels.deltaformer.inverse import store_unit_lower_inverse
 
 
 @triton.jit
@@ -43,7 +36,7 @@ def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
 @triton.jit
 def _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
     """``_online_step`` for a tile every row may see whole (no document, causal or length mask): the
-    masks' integer and select work was the busiest pipe of this launch on an H200 (ncu, sixth session)."""
+    masks' integer and select work was the busiest pipe of this launch."""
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has keys
     p = tl.exp2(s - m_new[:, None])
@@ -54,7 +47,7 @@ def _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
 @triton.jit
 def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
                     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, CHUNK: tl.constexpr,
-                    LOG2_CHUNK: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+                    LOG2_CHUNK: tl.constexpr, VARLEN: tl.constexpr,
                     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
     """(I + β P_cc)⁻¹ of the BT / CHUNK diagonal chunks of rows [t0, t0 + BT), from stored normalisers."""
     offs_c = tl.arange(0, CHUNK)
@@ -76,17 +69,16 @@ def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, ro
         neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
         if c0 < row_hi:  # superblocks hold whole chunks
             store_unit_lower_inverse(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK, neg, CHUNK,
-                                     LOG2_CHUNK, LOG2_SPLIT, INV_PREC)
+                                     LOG2_CHUNK, INV_PREC)
 
 
 @triton.jit
 def _prep_kernel(
-    X, K, U, BETA, LSE, LSUM, R, LINV, DOC_START,
-    T, H, row_lo, row_hi, val_lo, val_hi, n_chunks, qk_scale,
+    X, K, U, BETA, LSE, R, LINV, DOC_START,
+    T, H, row_lo, row_hi, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
-    HAS_VALUES: tl.constexpr, STATE_IN: tl.constexpr, FINISH: tl.constexpr, TRACK_ACC: tl.constexpr,
-    INVERSES: tl.constexpr, FULL_TILES: tl.constexpr, LOG2_SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_VALUES: tl.constexpr, FULL_TILES: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
@@ -106,21 +98,15 @@ def _prep_kernel(
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         key_lo = tl.load(DOC_START + t0)
-        val_start = tl.maximum(key_lo, val_lo)
         own_lo = tl.maximum(key_lo, row_lo)
     else:
-        val_start = val_lo
+        key_lo = 0
         own_lo = row_lo
-    if STATE_IN:  # running max, sum and unnormalised sums left by a ``partial`` launch
-        m_i = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=float("-inf"))
-        l_i = tl.load(LSUM + pid_bh * T + rows, mask=row_ok, other=0.0)
-        acc = tl.load(R + vu_ptrs, mask=row_ok[:, None] & v_ok[None, :], other=0.0)
-    else:
-        m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BT], dtype=tl.float32)
-        acc = tl.zeros([BT, BV], dtype=tl.float32)
+    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BT], dtype=tl.float32)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
     if HAS_VALUES and FULL_TILES:  # 1. keys of solved superblocks, whole tiles: no mask at all
-        for i0 in range(val_start, val_hi, BK):
+        for i0 in range(key_lo, row_lo, BK):
             cols = i0 + tl.arange(0, BK)
             kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
                          other=0.0)
@@ -129,9 +115,9 @@ def _prep_kernel(
                            other=0.0)
             acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     elif HAS_VALUES:  # 1. keys of solved superblocks: all before every row, only documents mask
-        for i0 in range(val_start, val_hi, BK):
+        for i0 in range(key_lo, row_lo, BK):
             cols = i0 + tl.arange(0, BK)
-            col_ok = cols < val_hi
+            col_ok = cols < row_lo
             kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
                          mask=col_ok[:, None] & d_ok[None, :], other=0.0)
             allowed = col_ok[None, :] & row_ok[:, None]
@@ -141,81 +127,55 @@ def _prep_kernel(
             vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
                            mask=col_ok[:, None] & v_ok[None, :], other=0.0)
             acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
-    if FINISH:
-        diag_lo = own_lo
-        if not VARLEN:  # 2a. whole key tiles of this superblock before the row tile: no mask
-            diag_lo = own_lo + (t0 - own_lo) // BK * BK
-            for i0 in range(own_lo, diag_lo, BK):
-                cols = i0 + tl.arange(0, BK)
-                kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                             other=0.0)
-                m_i, l_i, corr, _ = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
-                if TRACK_ACC:
-                    acc = acc * corr[:, None]
-        for i0 in range(diag_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
+    diag_lo = own_lo
+    if not VARLEN:  # 2a. whole key tiles of this superblock before the row tile: no mask
+        diag_lo = own_lo + (t0 - own_lo) // BK * BK
+        for i0 in range(own_lo, diag_lo, BK):
             cols = i0 + tl.arange(0, BK)
-            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                         mask=(cols < T)[:, None] & d_ok[None, :], other=0.0)
-            allowed = (cols[None, :] < rows[:, None]) & row_ok[:, None]
-            if VARLEN:
-                allowed = allowed & (cols[None, :] >= row_doc[:, None])
-            m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
-            if TRACK_ACC:
+            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
+                         other=0.0)
+            m_i, l_i, corr, _ = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
+            if HAS_VALUES:
                 acc = acc * corr[:, None]
-        has_keys = l_i > 0.0
-        l_safe = tl.where(has_keys, l_i, 1.0)
-        tl.store(LSE + pid_bh * T + rows, tl.where(has_keys, m_i + tl.log2(l_safe), 0.0), mask=row_ok)
-        if TRACK_ACC:
-            tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
-        if INVERSES:
-            tl.debug_barrier()  # the inverses read these normalisers back
-            _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks,
-                            qk_scale, D, BD, BT, CHUNK, LOG2_CHUNK, LOG2_SPLIT, VARLEN, DOT_PREC, INV_PREC)
-    else:
-        tl.store(LSE + pid_bh * T + rows, m_i, mask=row_ok)
-        tl.store(LSUM + pid_bh * T + rows, l_i, mask=row_ok)
-        tl.store(R + vu_ptrs, acc, mask=row_ok[:, None] & v_ok[None, :])
+    for i0 in range(diag_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
+        cols = i0 + tl.arange(0, BK)
+        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
+                     mask=(cols < T)[:, None] & d_ok[None, :], other=0.0)
+        allowed = (cols[None, :] < rows[:, None]) & row_ok[:, None]
+        if VARLEN:
+            allowed = allowed & (cols[None, :] >= row_doc[:, None])
+        m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
+        if HAS_VALUES:
+            acc = acc * corr[:, None]
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    tl.store(LSE + pid_bh * T + rows, tl.where(has_keys, m_i + tl.log2(l_safe), 0.0), mask=row_ok)
+    if HAS_VALUES:
+        tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
+    tl.debug_barrier()  # the inverses read these normalisers back
+    _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks,
+                    qk_scale, D, BD, BT, CHUNK, LOG2_CHUNK, VARLEN, DOT_PREC, INV_PREC)
 
 
 def prep_superblock(
     x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
     partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
     row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
-    val_lo: int = 0, state: torch.Tensor | None = None, finish: bool = True, inv_split: int = 1,
-    inverses: bool = True, max_registers: int = 0,
+    max_registers: int,
 ) -> None:
-    """Rows [row_lo, row_hi): with ``finish``, ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before
-    row_lo of P·U (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
-    [B·H, n_chunks, chunk, chunk]). Keys with values are [val_lo, row_lo) when ``finish`` else [0, val_lo).
-    ``state`` (fp32 [B, H, T], running sums) carries an online softmax from a ``finish=False`` launch —
-    which leaves running maxima in ``lse`` and unnormalised sums in ``partial`` — to a finishing one.
-    ``inv_split``: block rows of the inverses (``inverse.store_unit_lower_inverse``); without ``inverses``
-    ``linv`` is left alone (the ``waveinv`` solve builds them). ``max_registers``: Triton's ``maxnreg``
-    (0: none)."""
+    """Rows [row_lo, row_hi): ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before row_lo of P·U
+    (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
+    [B·H, n_chunks, chunk, chunk]). ``tiles``: rows (a multiple of chunk), keys, warps, stages."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = tiles
-    if rows % chunk:
-        raise ValueError(f"the fused launch needs row tiles that are a multiple of chunk={chunk}, got {rows}")
-    val_hi = row_lo if finish else val_lo
-    val_lo = val_lo if finish else 0
-    state_in = finish and state is not None and val_lo > 0
-    if partial is None and (val_hi > val_lo or not finish):
-        raise ValueError("prep_superblock needs a ``partial`` buffer when there are keys with values")
-    if state is None and not finish:
-        raise ValueError("prep_superblock needs a ``state`` buffer to leave running sums in")
-    dummy = lse
     launch(
         _prep_kernel, (cdiv(row_hi - row_lo, rows), B * H),
-        x, k, u, beta, lse, state if state is not None else dummy, partial if partial is not None else dummy,
-        linv, doc_start if doc_start is not None else dummy, T, H, row_lo, row_hi, val_lo, val_hi,
-        linv.shape[1], scale * LOG2_E,
+        x, k, u, beta, lse, partial if partial is not None else lse, linv,
+        doc_start if doc_start is not None else lse, T, H, row_lo, row_hi, linv.shape[1], scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=rows, BK=keys,
-        CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split),
-        HAS_VALUES=val_hi > val_lo, STATE_IN=state_in,
-        FINISH=finish, TRACK_ACC=val_hi > val_lo or state_in, INVERSES=inverses,
-        FULL_TILES=doc_start is None and (val_hi - val_lo) % keys == 0,
-        VARLEN=doc_start is not None,
+        CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, HAS_VALUES=row_lo > 0,
+        FULL_TILES=doc_start is None and row_lo % keys == 0, VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
         **register_cap(max_registers),
     )

@@ -1,12 +1,10 @@
 """Row-parallel kernels: each program owns a block of query rows and streams over their keys.
 
-One forward kernel serves three jobs (flags are compile-time):
-  * the κ1 row log-normalisers of stage 1 (strictly causal, online logsumexp, no values),
-  * the contribution of earlier superblocks to the stage-1 rows, Σ_i P[t,i] U_i with fixed normalisers,
-  * stage 2, a causal flash-attention forward over U that also stores its log-normalisers.
-One backward kernel gives the gradient into the query side of a softmax, dX = scale·dS·K with
-dS = P∘(Y·Vᵀ − D) for a per-row cotangent Y and precomputed D: stage 2's dq (Y = dO, V = U,
-D = rowsum(dO∘o)) and stage 1's dw (Y, D from the transposed solve, see ``passes``).
+``row_forward``: stage 2 with a separate probe w, a causal flash-attention forward over U that also stores
+its log-normalisers (with w = q the wavefront solve writes o itself).
+``row_backward``: the gradient into the query side of a softmax, dX = scale·dS·K with dS = P∘(Y·Vᵀ − D)
+for a per-row cotangent Y and precomputed D: stage 2's dq (Y = dO, V = U, D = rowsum(dO∘o)) and stage 1's
+dw (Y, D from the transposed solve, see ``passes``).
 Scores are kept in the log2 domain (exp2); log-normalisers are stored that way, as fp32 [B, H, T].
 """
 
@@ -23,17 +21,15 @@ from titan_delta_kernels.deltaformer._common import LOG2_E
 @triton.jit
 def _row_fwd_kernel(
     X, K, VALS, LSE, OUT, DOC_START,
-    T, H, row_base, key_stop, qk_scale,
+    T, H, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr,
-    STRICT: tl.constexpr, ONLINE: tl.constexpr, HAS_VALUES: tl.constexpr, KEYS_BEFORE_BASE: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    t0 = row_base + pid_t * BT
+    t0 = pid_t * BT
     rows = t0 + tl.arange(0, BT)
     row_ok = rows < T
     offs_d = tl.arange(0, BD)
@@ -47,12 +43,9 @@ def _row_fwd_kernel(
         key_lo = tl.load(DOC_START + t0)
     else:
         key_lo = 0
-    key_hi = key_stop if KEYS_BEFORE_BASE else tl.minimum(t0 + BT, T)
-    if ONLINE:
-        m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BT], dtype=tl.float32)
-    else:
-        lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
+    key_hi = tl.minimum(t0 + BT, T)
+    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BT], dtype=tl.float32)
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     for i0 in range(key_lo, key_hi, BK):
         cols = i0 + tl.arange(0, BK)
@@ -60,38 +53,26 @@ def _row_fwd_kernel(
         kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
                      mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-        if KEYS_BEFORE_BASE:
-            allowed = col_ok[None, :] & row_ok[:, None]
-        elif STRICT:
-            allowed = cols[None, :] < rows[:, None]
-        else:
-            allowed = cols[None, :] <= rows[:, None]
+        allowed = cols[None, :] <= rows[:, None]
         if VARLEN:
             allowed = allowed & (cols[None, :] >= row_doc[:, None])
-        if ONLINE:
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-            if HAS_VALUES:
-                acc = acc * alpha[:, None]
-        else:
-            p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
-        if HAS_VALUES:
-            vals = tl.load(VALS + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                           mask=col_ok[:, None] & v_ok[None, :], other=0.0)
-            acc += tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
-    if ONLINE:
-        has_keys = l_i > 0.0
-        lse_out = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), 0.0)
-        tl.store(LSE + pid_bh * T + rows, lse_out, mask=row_ok)
-        acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if HAS_VALUES:
-        tl.store(OUT + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                 acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & v_ok[None, :])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        acc = acc * alpha[:, None]
+        vals = tl.load(VALS + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
+                       mask=col_ok[:, None] & v_ok[None, :], other=0.0)
+        acc += tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
+    has_keys = l_i > 0.0
+    lse_out = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), 0.0)
+    tl.store(LSE + pid_bh * T + rows, lse_out, mask=row_ok)
+    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    tl.store(OUT + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
+             acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & v_ok[None, :])
 
 
 @triton.jit
@@ -152,24 +133,17 @@ def _row_bwd_kernel(
 
 
 def row_forward(
-    x: torch.Tensor, k: torch.Tensor, vals: torch.Tensor | None, lse: torch.Tensor, out: torch.Tensor | None,
-    doc_start: torch.Tensor | None, *, scale: float, strict: bool, online: bool,
-    row_base: int = 0, row_count: int | None = None, keys_before_base: bool = False,
-    block: int, keys: int, dot_prec: str, num_warps: int, num_stages: int,
+    x: torch.Tensor, k: torch.Tensor, vals: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+    doc_start: torch.Tensor | None, *, scale: float, block: int, keys: int, dot_prec: str, num_warps: int,
+    num_stages: int,
 ) -> None:
-    """Launch ``_row_fwd_kernel`` over rows [row_base, row_base + row_count); see the module docstring."""
+    """Causal flash-attention forward of ``x`` against (k, vals): ``out`` and its log2 normalisers ``lse``."""
     B, T, H, D = x.shape
-    DV = vals.shape[-1] if vals is not None else D
-    rows = T - row_base if row_count is None else row_count
-    grid = (cdiv(rows, block), B * H)
-    dummy = lse
+    DV = vals.shape[-1]
     launch(
-        _row_fwd_kernel, grid,
-        x, k, vals if vals is not None else dummy, lse, out if out is not None else dummy,
-        doc_start if doc_start is not None else dummy,
-        T, H, row_base, row_base, scale * LOG2_E,
+        _row_fwd_kernel, (cdiv(T, block), B * H),
+        x, k, vals, lse, out, doc_start if doc_start is not None else lse, T, H, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
-        STRICT=strict, ONLINE=online, HAS_VALUES=vals is not None, KEYS_BEFORE_BASE=keys_before_base,
         VARLEN=doc_start is not None, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
     )
 

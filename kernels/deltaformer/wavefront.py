@@ -1,25 +1,19 @@
-"""Wavefront solves: the whole stage-1 solve in one launch, one program per (chunk, b, h) (variant ``wave``).
+"""Wavefront solves: one program per (chunk, b, h), handing solved rows on through flags in memory.
 
-The superblock schedule (``passes``) alternates parallel launches with sequential ones: at B·H = 128 the
-sequential solve runs one 4-warp program per SM, and every superblock adds a pair of launches. Here every
-chunk of every (b, h) is its own program, and programs of the same (b, h) hand solved rows on through
-flags in global memory:
-  * a program takes a *ticket* from an atomic counter and derives its chunk from it, chunk-major (the
-    forward counts chunks up, the backward down), so a program only ever waits for programs that took
-    earlier tickets — those are resident or finished, so the waits cannot deadlock, whatever order the
-    hardware starts programs in (the decoupled look-back trick of single-pass scans);
-  * the forward program of chunk c streams over the keys of chunks [j_lo, c − DEFER) after one wait (a
-    chunk's flag is set only after it waited for all earlier chunks of its rows, so one flag vouches for
-    all of them) as an online softmax with values, then over the last DEFER chunks and its diagonal
-    block for the normaliser only; it builds (I + β P_cc)⁻¹ while those chunks are still being solved,
-    waits for each of them, adds its P·U, solves its rows and sets its flag. Only ~DEFER key tiles and
-    the inverse's application sit on the critical path from one chunk to the next;
-  * the backward program of key chunk c does the same for the transposed system, walking later row
-    chunks, with the normalisers fixed by the forward.
-Inverses and the forward's accumulator are parked in transient scratch memory between the phases of a
-program (keeping them in registers spilled on sm_90 and cost occupancy, which the waits need: a spinning
-program should share its SM with programs that have work). Under Triton's CPU interpreter programs run
-one after the other in grid order, which is ticket order, so every wait finds its flag set.
+Forward (``superblock_wave_solve``), inside each superblock after its preparation launch (``prep.py``):
+the program of chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks (those solved long ago after
+a single wait, the last WAVE_DEFER one by one as their flags rise), applies the prepared inverse, stores
+its rows of U and raises its flag; then P·U and, for w = q, the output.
+Backward (``wave_backward``, the whole transposed solve in one launch): the program of key chunk c does the
+same for (I + diag(β)P)ᵀ G = dU, walking later row chunks, with the forward's normalisers.
+
+A program takes a *ticket* from an atomic counter and derives its chunk from it, chunk-major (the forward
+counts chunks up, the backward down), so a program only ever waits for programs that took earlier
+tickets: those are resident or finished, so the waits cannot deadlock, whatever order the hardware
+starts programs in (the decoupled look-back of single-pass scans). A chunk's flag is raised only after it
+waited for all earlier chunks of its rows, so one flag vouches for all of them. Under Triton's CPU
+interpreter programs run one after the other in grid order, which is ticket order, so every wait finds
+its flag set.
 """
 
 from __future__ import annotations
@@ -30,8 +24,8 @@ import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
-from titan_delta_kernels.deltaformer.inverse import log2_split, store_unit_lower_inverse
-from titan_delta_kernels.deltaformer.prep import _online_step
+from titan_delta_kernels.deltaformer.config import WAVE_DEFER
+from titan_delta_kernels.deltaformer.inverse import store_unit_lower_inverse
 
 
 @triton.jit
@@ -94,7 +88,7 @@ def _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O,
                   DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
     """The end of a forward wavefront program: the last DEFER chunks (scores first, values once solved),
     the chunk's rows of U and its flag — the chain to the next chunk ends there — then P·U and, for w = q,
-    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``solve``)."""
+    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``passes``)."""
     offs = tl.arange(0, BT)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BV)
@@ -127,15 +121,15 @@ def _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O,
 
 
 @triton.jit
-def _wave_fwd_kernel(
-    X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, DOC_START,
-    T, H, BH, n_chunks, qk_scale,
+def _superblock_wave_kernel(
+    X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, COUNTER, DOC_START,
+    T, H, BH, n_chunks, row_lo, row_hi, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    DEFER: tl.constexpr, HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
-    ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
-    c = ticket // BH
+    ticket = tl.atomic_add(COUNTER, 1)
+    c = row_lo // BT + ticket // BH
     pid_bh = ticket % BH
     b = pid_bh // H
     h = pid_bh % H
@@ -143,57 +137,30 @@ def _wave_fwd_kernel(
     offs = tl.arange(0, BT)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BV)
-    d_ok = offs_d < D
-    v_ok = offs_v < DV
     c0 = c * BT
     rows = c0 + offs
-    row_ok = rows < T
+    row_ok = rows < row_hi
     wk_ptrs = ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :]
+    wk_mask = row_ok[:, None] & (offs_d < D)[None, :]
     vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
-    vu_mask = row_ok[:, None] & v_ok[None, :]
-    x = tl.load(X + wk_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    vu_mask = row_ok[:, None] & (offs_v < DV)[None, :]
+    x = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)
+    lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
-        j_lo = tl.load(DOC_START + c0) // BT
+        j_lo = tl.maximum(row_lo, tl.load(DOC_START + c0)) // BT
     else:
         row_doc = rows  # unused
-        j_lo = 0
-    j_def = tl.maximum(j_lo, c - DEFER)
-    m_i = tl.full([BT], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BT], dtype=tl.float32)
-    acc = tl.zeros([BT, BV], dtype=tl.float32)
-    if j_def > j_lo:
-        _wait_for(flags, j_def - 1)
-    for j in range(j_lo, j_def):  # long-solved chunks: online softmax with values
-        kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
-        m_i, l_i, corr, p = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
-        acc = _add_chunk_values(acc * corr[:, None], p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
-    for j in range(j_def, c):  # chunks maybe still being solved: normaliser only, for now
-        kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
-        m_i, l_i, corr, _ = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
-        acc = acc * corr[:, None]
-    k_c = tl.load(K + wk_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
-    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
-    if VARLEN:
-        in_block = in_block & (rows[None, :] >= row_doc[:, None])
-    m_new = tl.maximum(m_i, tl.max(tl.where(in_block, s_cc, float("-inf")), 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    corr = tl.exp2(m_i - m_use)
-    l_i = l_i * corr + tl.sum(tl.where(in_block, tl.exp2(s_cc - m_use[:, None]), 0.0), 1)
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    lse = tl.where(has_keys, m_use + tl.log2(l_safe), 0.0)
-    tl.store(LSE + pid_bh * T + rows, lse, mask=row_ok)
-    # The accumulator and the inverse go through scratch memory: holding either in registers while the
-    # other is built costs spills and occupancy (sm_90 compile: 255 registers and a stack at 4 warps).
-    tl.store(R + vu_ptrs, acc * (corr / l_safe)[:, None], mask=vu_mask)
-    beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
-    neg = -tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0) * beta[:, None]
+        j_lo = row_lo // BT
     inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
-    store_unit_lower_inverse(inv_base, neg, BT, LOG2_BT, LOG2_SPLIT, INV_PREC)
-    tl.debug_barrier()  # the loads below may map elements to other threads than these stores
-    acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0)
+    acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0) if HAS_R else tl.zeros([BT, BV], dtype=tl.float32)
+    j_def = tl.maximum(j_lo, c - DEFER)
+    if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
+        _wait_for(flags, j_def - 1)
+    for j in range(j_lo, j_def):
+        p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
+        acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
+    beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
@@ -235,9 +202,8 @@ def _wave_bwd_kernel(
     X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END,
     T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    LOG2_BT: tl.constexpr, LOG2_SPLIT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr,
-    HAS_INV: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
     c = n_chunks - 1 - ticket // BH
@@ -266,11 +232,11 @@ def _wave_bwd_kernel(
     s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
     p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
     inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
-    if not HAS_INV:  # built first and parked in scratch memory: the key loop needs the registers
-        store_unit_lower_inverse(inv_base, -p_cc * beta[:, None], BT, LOG2_BT, LOG2_SPLIT, INV_PREC)
-        tl.debug_barrier()
+    # built first and parked in scratch memory: the key loop needs the registers
+    store_unit_lower_inverse(inv_base, -p_cc * beta[:, None], BT, LOG2_BT, INV_PREC)
+    tl.debug_barrier()
     # Everything that does not wait for later chunks goes into the accumulator first: the source and,
-    # for w = q, the α-weighted part of dO that reaches U through (P U) of this chunk (see ``solve``).
+    # for w = q, the α-weighted part of dO that reaches U through (P U) of this chunk (see ``solve.py``).
     src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
     if HAS_ALPHA:
         alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
@@ -305,64 +271,59 @@ def _wave_bwd_kernel(
     tl.store(G + gy_ptrs, g_c, mask=gy_mask)
 
 
-def _flags(batch_heads: int, n_chunks: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 flags, one per (b, h, chunk), and the ticket counter after them."""
-    return torch.zeros(batch_heads * n_chunks + 1, device=device, dtype=torch.int32)
+def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,
+                     device: torch.device) -> torch.Tensor:
+    """Zeroed int32: one flag per (b, h, chunk), then one ticket counter per superblock."""
+    n_chunks = cdiv(seq_len, chunk)
+    return torch.zeros(batch_heads * n_chunks + cdiv(seq_len, superblock), device=device,
+                       dtype=torch.int32)
 
 
-def inverse_buffer(batch_heads: int, seq_len: int, chunk: int, device: torch.device) -> torch.Tensor:
-    """fp32 [B·H, n_chunks, chunk, chunk]: the wavefront kernels park the diagonal-block inverses here."""
-    return new_buffer((batch_heads, cdiv(seq_len, chunk), chunk, chunk), device=device,
-                      dtype=torch.float32)
-
-
-def wave_forward(
+def superblock_wave_solve(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
-    doc_start: torch.Tensor | None, *, scale: float, chunk: int, defer: int, dot_prec: str, inv_prec: str,
-    num_warps: int, num_stages: int, inv_split: int = 1,
+    partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, *, row_lo: int,
+    row_hi: int, superblock: int, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int,
+    num_stages: int,
 ) -> None:
-    """The whole stage-1 forward: lse (fp32 [B, H, T]), U and P·U in place, o when given (w = q), and the
-    diagonal-block inverses in ``linv`` (``inverse_buffer``; ``inv_split`` block rows, ``inverse.py``)."""
+    """Rows [row_lo, row_hi) of U, P·U and (w = q) o, from the normalisers, the sums over earlier
+    superblocks (``partial``) and the inverses the preparation launch left; ``flags`` comes from
+    ``superblock_flags`` (one buffer for all superblocks of a forward)."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
     n_chunks = cdiv(T, chunk)
-    flags = _flags(B * H, n_chunks, x.device)
-    scratch = new_buffer(v.shape, device=v.device, dtype=torch.float32)
+    counter = flags[B * H * n_chunks + row_lo // superblock:]
     launch(
-        _wave_fwd_kernel, (n_chunks * B * H,),
-        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scratch, flags,
-        doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, scale * LOG2_E,
-        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
-        LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
-        FUSED_OUT=o is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
-        num_warps=num_warps, num_stages=num_stages,
+        _superblock_wave_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
+        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
+        flags, counter, doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi,
+        scale * LOG2_E,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
+        HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
+        DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,
     )
 
 
 def wave_backward(
     x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor | None,
-    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, scale: float, chunk: int, defer: int,
-    dot_prec: str, inv_prec: str, num_warps: int, num_stages: int, inv_split: int = 1,
+    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
+    doc_end: torch.Tensor | None, *, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int,
+    num_stages: int,
 ) -> None:
-    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place. The inverses are rebuilt
-    (into a transient buffer) unless the forward kept them (``linv``)."""
+    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place. Each program rebuilds
+    its chunk's inverse into a transient buffer."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
     n_chunks = cdiv(T, chunk)
-    flags = _flags(B * H, n_chunks, x.device)
-    kept = linv is not None
-    if linv is None:
-        linv = inverse_buffer(B * H, T, chunk, x.device)
+    flags = torch.zeros(B * H * n_chunks + 1, device=x.device, dtype=torch.int32)  # and a ticket counter
+    linv = new_buffer((B * H, n_chunks, chunk, chunk), device=x.device, dtype=torch.float32)
     launch(
         _wave_bwd_kernel, (n_chunks * B * H,),
         x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
-        LOG2_BT=chunk.bit_length() - 1, LOG2_SPLIT=log2_split(chunk, inv_split), DEFER=defer,
-        HAS_ALPHA=alpha is not None, HAS_INV=kept,
+        LOG2_BT=chunk.bit_length() - 1, DEFER=WAVE_DEFER, HAS_ALPHA=alpha is not None,
         VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
         num_stages=num_stages,
     )

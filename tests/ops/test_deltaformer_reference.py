@@ -351,6 +351,22 @@ def test_backend_triton_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         run(deltaformer_attn, x, backend="cuda")
 
 
+def test_auto_head_dims_are_the_kernels() -> None:
+    """"auto" sends to the kernel exactly the head dims it takes (16..128) and the rest to the reference."""
+    from titan_delta_kernels.deltaformer.config import MAX_HEAD_DIM
+
+    assert deltaformer_api.TRITON_HEAD_DIMS == (16, MAX_HEAD_DIM)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("D", "Dv"), [(256, 64), (64, 160)])
+def test_auto_on_cuda_falls_back_above_the_kernels_head_dims(D: int, Dv: int) -> None:
+    x = {n: t.cuda() for n, t in make_inputs(B=1, T=100, H=2, D=D, Dv=Dv, unit_keys=True).items()}
+    torch.testing.assert_close(
+        run(deltaformer_attn, x, backend="auto"), run(deltaformer_attn_chunked, x), rtol=0, atol=0
+    )
+
+
 @pytest.mark.gpu
 def test_auto_on_cuda_matches_reference() -> None:
     x = {n: t.cuda() for n, t in make_inputs(B=2, T=300, H=2, D=64, Dv=64, unit_keys=True).items()}

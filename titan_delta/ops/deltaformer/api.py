@@ -25,7 +25,7 @@ def _triton_can_run(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-TRITON_HEAD_DIMS = (16, 256)  # inclusive range of D and Dv the kernel compiles for
+TRITON_HEAD_DIMS = (16, 128)  # inclusive range of D and Dv the kernel takes; "auto" runs others on torch
 
 
 def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None, kernel: str) -> bool:
@@ -69,7 +69,7 @@ def deltaformer_attn(
         scale: score scale, default D**-0.5.
         backend: "torch" (chunk-wise reference), "triton" (the kernel, κ1 = softmax only; on CPU only
             with TRITON_INTERPRET=1), or "auto" (the kernel for softmax on CUDA when it imports, the
-            inputs are not fp64 and 16 <= D, Dv <= 256; else torch).
+            inputs are not fp64 and 16 <= D, Dv <= 128; else torch).
 
     Returns:
         o: [B,T,H,Dv] in q's dtype. The math runs in fp32 (fp64 for fp64 inputs).

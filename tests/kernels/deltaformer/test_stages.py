@@ -1,9 +1,8 @@
-"""Diagonal-block inverses by blocks and block substitution (variant ``invsplit=N``, ``inverse.py``).
+"""DeltaFormer stages on their own: the diagonal-block inverses, the path each width takes, the launch table.
 
-CPU (CI): the inverse launch alone against ``torch.linalg.inv`` in fp64 for every split, including the
-last partial chunk of a sequence and packed documents; then every path that builds inverses (the fused
-preparation, the separate inverse launch, both wavefronts) end to end against the fp64 oracle. GPU
-(``gpu`` marker): bf16 at real shapes against the fp32 reference, and agreement with the doubling inverse.
+CPU (CI): the separate inverse launch against ``torch.linalg.inv`` in fp64 (last partial chunk, packed
+documents, both operand paths of the doubling); which solve each width runs; the GPU rows of the launch
+table. GPU (``gpu`` marker): the inverse launch in bf16 against fp64.
 """
 
 from __future__ import annotations
@@ -11,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_deltaformer_triton import check_against_oracle, check_variant_on_gpu
-from tests.kernels.test_deltaformer_variants import poisoned_buffers_default_variant  # noqa: F401 (autouse)
+from tests.kernels.deltaformer.helpers import check_against_oracle
 from titan_delta.testing import rel_rms_error
-from titan_delta_kernels.deltaformer._common import LOG2_E, BlockConfig, apply_variant, document_tables
-from titan_delta_kernels.deltaformer.solve import diag_inverse
+from titan_delta_kernels.deltaformer import config, passes
+from titan_delta_kernels.deltaformer._common import LOG2_E, document_tables
+from titan_delta_kernels.deltaformer.inverse import diag_inverse
 
 
 def _expected_inverses(w, k, beta, lse, doc_start, scale: float, chunk: int) -> torch.Tensor:
@@ -51,17 +50,14 @@ def _strict_normalisers(w, k, doc_start, scale: float) -> torch.Tensor:
     return torch.where(allowed.any(-1), lse, 0.0).float()
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
 @pytest.mark.parametrize("cu", [None, [0, 21, 22, 90, 100]])
-def test_inverse_launch_matches_fp64(split: int, cu: list[int] | None) -> None:
-    torch.manual_seed(split)
+def test_inverse_launch_matches_fp64(cu: list[int] | None) -> None:
     B, T, H, D, chunk = (1, 100, 2, 16, 64) if cu else (2, 100, 1, 16, 64)
     w, k = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     beta = torch.rand(B, T, H)
     doc_start = None if cu is None else document_tables(torch.tensor(cu, dtype=torch.int32), T)[0]
     lse = _strict_normalisers(w, k, doc_start, 0.3)
-    got = diag_inverse(w, k, beta, lse, doc_start, scale=0.3, chunk=chunk, dot_prec="ieee", inv_prec="ieee",
-                       num_warps=4, inv_split=split)
+    got = diag_inverse(w, k, beta, lse, doc_start, scale=0.3, chunk=chunk, dot_prec="ieee", inv_prec="ieee")
     want = _expected_inverses(w, k, beta, lse, doc_start, 0.3, chunk)
     last = T - (T - 1) // chunk * chunk  # rows of the last chunk inside the sequence
     assert rel_rms_error(got[:, :-1].double(), want[:, :-1]) < 1e-6
@@ -87,50 +83,46 @@ def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float
     beta = beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)
     scale = 1.0 if probe == "previous" else 0.3
     lse = _strict_normalisers(w, k, None, scale)
-    got = diag_inverse(w, k, beta, lse, None, scale=scale, chunk=chunk, dot_prec="ieee", inv_prec="tf32",
-                       num_warps=4)
+    got = diag_inverse(w, k, beta, lse, None, scale=scale, chunk=chunk, dot_prec="ieee", inv_prec="tf32")
     want = _expected_inverses(w, k, beta, lse, None, scale, chunk)
     assert torch.isfinite(got).all()
     assert rel_rms_error(got.double(), want) < tol
 
 
-CASES = {
-    # name: (variant, B, T, H, D, Dv, separate_w, cu_seqlens)
-    "fused_wavesb_wavebwd_split2": ("chunk=32,sb=64,invsplit=2,wavesb,wavebwd", 2, 100, 1, 16, 16, False,
-                                    None),
-    "full_wave_split2_varlen": ("chunk=32,invsplit=2,wave", 1, 101, 1, 16, 16, True, [0, 3, 50, 50, 101]),
-    "unfused_split2_sep_w": ("chunk=32,sb=64,invsplit=2,unfused", 1, 90, 2, 16, 32, True, None),
-    "fused_split4_chunk64": ("chunk=64,sb=128,invsplit=4,wavesb,wavebwd", 1, 150, 1, 16, 16, False,
-                             [0, 70, 71, 150]),
-}
+@pytest.mark.parametrize(("D", "Dv", "wave"),
+                         [(16, 16, True), (64, 32, True), (16, 80, False), (72, 16, False)])
+def test_width_picks_the_backward_solve(D: int, Dv: int, wave: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """width <= 64: one wavefront launch; wider: the superblock solve after the separate inverse launch."""
+    called: list[str] = []
+    for name in ("wave_backward", "solve_backward", "diag_inverse"):
+        real = getattr(passes, name)
+        monkeypatch.setattr(passes, name, lambda *a, _real=real, _name=name, **kw: called.append(_name)
+                            or _real(*a, **kw))
+    check_against_oracle(1, 40, 1, D, Dv, False, None)
+    assert called == (["wave_backward"] if wave else ["diag_inverse", "solve_backward", "solve_backward"])
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_split_inverse_paths_match_fp64_oracle(case: str) -> None:
-    variant, *shape = CASES[case]
-    check_against_oracle(*shape, variant=variant)
-
-
-def test_invsplit_token_parses_and_rejects() -> None:
-    base = BlockConfig(chunk=64, superblock=512, value_split=1, num_warps=4, num_stages=2)
-    assert apply_variant(base, "invsplit=4").inverse_split == 4
-    for bad in ("invsplit=3", "invsplit=8", "invsplit=0"):  # not a power of two / 8-row blocks / zero
-        with pytest.raises(ValueError, match="inverse_split"):
-            apply_variant(base, bad)
-    with pytest.raises(ValueError, match="inverse_split"):
-        apply_variant(base, "chunk=16,invsplit=2")
+def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU rows (docs/kernels_deltaformer.md, "Launch table")."""
+    monkeypatch.setattr(config, "interpreting", lambda: False)
+    small = config.launch_config(64, 64, 2048)
+    assert (small.chunk, small.superblock, small.wave_backward) == (64, 1024, True)
+    assert (small.tiles, small.prep, small.prep_registers) == ((64, 64, 4, 3), (64, 64, 4, 3), 128)
+    assert (small.wave_forward_launch, small.wave_backward_launch) == ((4, 3), (4, 3))
+    assert config.launch_config(32, 64, 8192).superblock == 512
+    large = config.launch_config(128, 128, 8192)
+    assert (large.superblock, large.backward_superblock, large.wave_backward) == (512, 256, False)
+    assert (large.tiles, large.prep_registers, large.wave_forward_launch) == ((128, 64, 8, 3), 0, (8, 2))
+    assert (large.solve_launch, large.value_block) == ((8, 2), 64)
+    mid = config.launch_config(96, 96, 2048)
+    assert (mid.superblock, mid.backward_superblock, mid.value_block) == (1024, 512, 64)
+    assert mid.tiles == large.tiles
+    assert config.launch_config(128, 32, 100).value_block == 32
+    with pytest.raises(ValueError, match="<= 128"):
+        config.launch_config(256, 64, 100)
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-
-GPU_SPLIT_VARIANTS = ["invsplit=2", "invsplit=4", "wave,invsplit=4", "unfused,invsplit=4"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", GPU_SPLIT_VARIANTS)
-@pytest.mark.parametrize(("B", "T", "H", "D"), [(2, 1000, 4, 64), (1, 777, 3, 128)])
-def test_gpu_split_inverse_matches_fp32_reference(variant: str, B, T, H, D, monkeypatch) -> None:
-    check_variant_on_gpu(variant, B, T, H, D, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -144,24 +136,8 @@ def test_gpu_inverse_operand_paths_match_fp64(beta_lo: float, beta_hi: float) ->
     beta = (beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)).to(torch.bfloat16)
     lse = _strict_normalisers(w, k, None, D**-0.5)
     got = diag_inverse(w.cuda(), k.cuda(), beta.cuda(), lse.cuda(), None, scale=D**-0.5, chunk=64,
-                       dot_prec="tf32", inv_prec="tf32", num_warps=4).cpu()
+                       dot_prec="tf32", inv_prec="tf32").cpu()
     want = _expected_inverses(w, k, beta, lse, None, D**-0.5, 64)
     err = rel_rms_error(got.double(), want)
     print(f"inverse, beta in ({beta_lo}, {beta_hi}): rel RMS error {err:.2e}")
     assert torch.isfinite(got).all() and err < 2e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("split", [2, 4])
-def test_gpu_split_inverse_agrees_with_doubling(split: int) -> None:
-    torch.manual_seed(0)
-    B, T, H, D = 4, 2048, 8, 64
-    w, k = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    beta = torch.rand(B, T, H, device="cuda", dtype=torch.bfloat16)
-    lse = _strict_normalisers(w.cpu(), k.cpu(), None, D**-0.5).cuda()
-    kw = dict(scale=D**-0.5, chunk=64, dot_prec="tf32", inv_prec="tf32", num_warps=4)
-    doubling = diag_inverse(w, k, beta, lse, None, **kw)
-    split_inv = diag_inverse(w, k, beta, lse, None, inv_split=split, **kw)
-    error = rel_rms_error(split_inv, doubling)
-    print(f"split {split} vs doubling (tf32 both): {error:.2e}")
-    assert error < 2e-3

@@ -1,0 +1,73 @@
+"""The launch table of the DeltaFormer kernels: every block size, warp count and path choice, by head dim.
+
+``width = max(D, Dv)`` (both 16..128) and the sequence length pick every launch below; nothing else (no
+environment variable, no option) changes one. docs/kernels_deltaformer.md ("Launch table") documents the
+table and why each entry is what it is. Under Triton's CPU interpreter the same paths run with 16-row
+chunks and tiles, 64-row forward and 32-row backward superblocks, so the CPU tests cross chunk and
+superblock boundaries at small lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from titan_delta_kernels._launch import next_power_of_2
+from titan_delta_kernels.deltaformer._common import interpreting
+
+MAX_HEAD_DIM = 128
+WAVE_DEFER = 2  # earlier chunks a wavefront program waits for one by one (the rest after a single wait)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    chunk: int  # rows of a diagonal block: the unit of the solves and of their inverses
+    superblock: int  # forward rows per preparation launch + wavefront solve
+    backward_superblock: int  # backward rows per transposed-solve launch (superblock backward only)
+    wave_backward: bool  # the backward solve as one wavefront launch, else superblock by superblock
+    tiles: tuple[int, int, int, int]  # rows, keys, warps, stages of the row and key (column) kernels
+    prep: tuple[int, int, int, int]  # rows, keys, warps, stages of the preparation launch
+    prep_registers: int  # register cap of the preparation launch (0: the compiler's choice)
+    wave_forward_launch: tuple[int, int]  # warps, stages of the forward wavefront
+    wave_backward_launch: tuple[int, int]  # warps, stages of the backward wavefront
+    solve_launch: tuple[int, int]  # warps, stages of the superblock backward solve
+    value_block: int  # value columns per program of the superblock backward solve
+
+
+def launch_config(head_dim: int, value_dim: int, seq_len: int) -> LaunchConfig:
+    """The table's row for these sizes; cached, since the host time of a call matters at small shapes."""
+    return _config(head_dim, value_dim, seq_len, interpreting())
+
+
+@functools.lru_cache(maxsize=256)
+def _config(head_dim: int, value_dim: int, seq_len: int, cpu_interpreter: bool) -> LaunchConfig:
+    width = max(head_dim, value_dim)
+    if width > MAX_HEAD_DIM:
+        raise ValueError(f"DeltaFormer kernels: D, Dv <= {MAX_HEAD_DIM}, got {head_dim}, {value_dim}")
+    value_block = min(64, next_power_of_2(value_dim))
+    small = width <= 64
+    if cpu_interpreter:
+        tiny = (16, 16, 4, 1)
+        return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
+                            prep=tiny, prep_registers=0, wave_forward_launch=(4, 2),
+                            wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
+    # Backward superblocks: 256 rows at T >= 8192 (less sequential work per (b, h)), 512 below. The
+    # forward's are twice as long: its solve is a wavefront, and each superblock costs two launches
+    # whose host time, not the GPU, set the pace with shorter ones.
+    backward_superblock = 256 if seq_len >= 8192 else 512
+    return LaunchConfig(
+        chunk=64,
+        superblock=2 * backward_superblock,
+        backward_superblock=backward_superblock,
+        # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
+        wave_backward=small,
+        tiles=(64, 64, 4, 3) if small else (128, 64, 8, 3),
+        prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were much slower for this launch at both widths
+        # Capped at 128 registers the preparation launch at D <= 64 fits 4 blocks per SM instead of 3 and
+        # spills nothing; at D = 128 it needs more than 200, and a cap would spill.
+        prep_registers=128 if small else 0,
+        wave_forward_launch=(4, 3) if small else (8, 2),
+        wave_backward_launch=(4, 3),
+        solve_launch=(4 if small else 8, 2),
+        value_block=value_block,
+    )

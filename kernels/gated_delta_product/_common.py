@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 MAX_NUM_HOUSEHOLDER = 8
-# K, V = 256 compiled and ran forward on an H200, but its backward's shared-memory need on Triton 3.6 was
-# never verified, so the Triton path stops at 128 (callers fall back to the PyTorch reference above it).
+# The backward's shared-memory need above 128 was never verified, so the Triton path stops there (callers
+# fall back to the PyTorch reference above it).
 MAX_HEAD_DIM = 128
 
 
@@ -149,12 +149,11 @@ def chunk_log_gates(
     return G, Gq, G_last
 
 
-# Scaled fp16 operands (the ``ws16`` / ``kd16`` / ``wd16`` variants): fp16 keeps tf32's 11-bit significand
-# at half the bytes and twice the tensor-core rate, but not fp32's range. Scaling each row or column of an
-# operand by a power of two puts its largest entry in [2^14, 2^15) (fp16's top is 65504 < 2^16); a product
-# whose operands are scaled along its free axes (rows of the first, columns of the second) is unscaled
-# exactly afterwards. Entries more than 2^28 below their row's largest go subnormal: their absolute error
-# stays under 2^-25 of that largest entry.
+# Scaled fp16 operands (W and U stored for 16-bit inputs, the state in the forward pass's W·S at K = 128,
+# dδ in the reverse pass's Wᵀ·dδ): fp16 keeps tf32's 11-bit significand at half the bytes, but not fp32's
+# range. Scaling each row or column by a power of two puts its largest entry in [2^14, 2^15); a product whose
+# operands are scaled along its free axes is unscaled exactly afterwards. Entries more than 2^28 below their
+# row's largest go subnormal: their absolute error stays under 2^-25 of that largest entry.
 F16_TOP = tl.constexpr(16384.0)  # 2^14
 F16_FLOOR = tl.constexpr(2.0**-100)  # a row whose largest entry is below this (or zero) keeps this scale
 
@@ -181,8 +180,7 @@ def scaled_f16(x, AXIS: tl.constexpr):
 
 def row_scaled_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch twin of ``scaled_f16(x, 1)`` over the last dim: (x·2^s in fp16, 2^-s in fp32), one power of two
-    per row, bitwise what the kernels compute. For the ``w16`` variant's W and U where a transform kernel does
-    not write them scaled itself."""
+    per row, bitwise what the kernels compute. For W and U of the 128-step transform, which writes fp32."""
     x = x.float()
     amax = x.abs().amax(-1)
     p = (amax.view(torch.int32) & 0x7F800000).view(torch.float32).clamp_min(2.0**-100)

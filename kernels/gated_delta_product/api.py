@@ -1,4 +1,5 @@
-"""Entry points called by ``titan_delta.ops.gated_delta_product(..., backend="triton")``.
+"""Entry points called by ``titan_delta.ops.gated_delta_product(..., backend="triton")``: the chunked
+training path (``chunk.py``) and the recurrent decode path (``recurrent.py``).
 
 Checks here read shapes and dtypes only: the values of ``cu_seqlens`` are never copied to the host, so a
 training step launches without a device synchronisation (the public op validates them once, eagerly).
@@ -6,53 +7,15 @@ training step launches without a device synchronisation (the public op validates
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 import torch
 
 from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
 from titan_delta_kernels.gated_delta_product._common import MAX_HEAD_DIM, chunk_geometry
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
-from titan_delta_kernels.gated_delta_product.options import (
-    FLAGS,
-    GdpOptions,
-    parse_options,
-    split_tokens,
-)
 from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATE_DTYPES = (*KERNEL_DTYPES, torch.float64)
-VARIANT_ENV = "TITAN_DELTA_GDP_VARIANT"
-VARIANTS = FLAGS
-
-
-def parse_variant(text: str) -> frozenset[str]:
-    """'default', a flag, a ``key=N`` launch override or a '+'/','-joined combination -> the set of tokens
-    (validated; see ``options.py``)."""
-    parse_options(text)  # full validation, known-bad launch combinations included
-    return frozenset(split_tokens(text))
-
-
-def resolve_variant(save_states: bool | None, lowp: bool | None) -> tuple[bool, bool]:
-    """Explicit keyword arguments win; otherwise ``$TITAN_DELTA_GDP_VARIANT`` (read per call, so it also
-    reaches callers that go through ``titan_delta.ops``; under torch.compile it is read when tracing, so
-    set it before the first compiled step); otherwise the default (``save_states`` on, ``lowp`` off;
-    ``plain`` turns both off)."""
-    opts = resolve_options(save_states, lowp, None)
-    return opts.save_states, opts.lowp
-
-
-def resolve_options(save_states: bool | None, lowp: bool | None, variant: str | None) -> GdpOptions:
-    """The full option set of one call: ``variant`` (or, when None, ``$TITAN_DELTA_GDP_VARIANT``), then the
-    explicit ``save_states`` / ``lowp`` keywords on top."""
-    opts = parse_options(os.environ.get(VARIANT_ENV, "") if variant is None else variant)
-    return dataclasses.replace(
-        opts,
-        save_states=opts.save_states if save_states is None else save_states,
-        lowp=opts.lowp if lowp is None else lowp,
-    )
 
 
 def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens):
@@ -103,26 +66,17 @@ def gated_delta_product_triton(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-    save_states: bool | None = None,
-    lowp: bool | None = None,
-    variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked Gated DeltaProduct (differentiable in q, k, v, g, β and the initial state).
 
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
     final state [N,H,K,V] fp32 (or None). n_h in 1..8, K and V up to 128, any T, varlen via cu_seqlens.
-    ``save_states`` / ``lowp`` switch on the opt-in variants described in ``chunk.py`` (None: read
-    ``$TITAN_DELTA_GDP_VARIANT``, e.g. "default+lowp"; unset means save_states only). ``variant`` (a string
-    like "lowp+fastwy+sbv=64", see ``options.py``) replaces the environment variable for this call.
+    The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
     """
-    opts = resolve_options(save_states, lowp, variant)
     q, k, v, g, beta, scale, initial_state = _prepare(
         q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     )
-    o, final_state, *_ = gdp_chunk_fwd(
-        q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale, opts.save_states, opts.lowp,
-        opts.launch_text(),
-    )
+    o, final_state, *_ = gdp_chunk_fwd(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale)
     return o, (final_state if output_final_state else None)
 
 

@@ -17,6 +17,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     chunk_log_gates,
     locate_chunk,
 )
+from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
 
 
 @triton.jit
@@ -31,18 +32,12 @@ def decayed_scores(b_qk, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: t
 
 
 @triton.jit
-def masked_scores(b_q, b_kt, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r), zero where step r comes after token i."""
-    return decayed_scores(tl.dot(b_q, b_kt), G, Gq, n_tok, NH, BT, BC)
-
-
-@triton.jit
 def output_fwd_kernel(
     q, k, g, v_new, chunk_states, o,
     cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
@@ -64,7 +59,7 @@ def output_fwd_kernel(
         chunk_id = i_chunk
     h_off = ((chunk_id.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
 
-    # K in BK-column slices (one slice by default): q S₀ and the scores q kᵀ accumulate over them.
+    # K in BK-column slices (the launcher passes all of K): q S₀ and the scores q kᵀ accumulate over them.
     b_qh = tl.zeros([BC, BV], dtype=tl.float32)
     b_qk = tl.zeros([BC, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -73,14 +68,14 @@ def output_fwd_kernel(
         b_q = tl.load(q + q_rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_kt = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_s[None, :], other=0.0)
         b_h = tl.load(chunk_states + h_off + i_k * BK * V, mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
-        b_qh += tl.dot(b_q, b_h.to(b_q.dtype))
-        b_qk += tl.dot(b_q, b_kt)
+        b_qh += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC)
+        b_qk += tl.dot(b_q, b_kt, input_precision=PREC)
     b_d = tl.load(v_new + rows[:, None] * V + o_v[None, :], mask=m_s[:, None] & (o_v < V)[None, :], other=0.0)
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
 
     b_s = decayed_scores(b_qk, G, Gq, n_tok, NH, BT, BC)
-    # Scores meet δ in δ's dtype: fp32 (tf32) by default, bf16 with the ``lowp`` variant.
-    b_o = b_qh * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d)
+    # Scores meet δ in δ's dtype (the input dtype).
+    b_o = b_qh * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d, input_precision=PREC)
     tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_v < V)[None, :])  # fmt: skip
 
@@ -91,9 +86,9 @@ def output_fwd_t_kernel(
     cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``output_fwd_kernel`` transposed (the ``otrans`` variant): oᵀ = e^{Gq}·Sᵀqᵀ + δᵀ·scoresᵀ. The rows of
+    """``output_fwd_kernel`` transposed: oᵀ = e^{Gq}·Sᵀqᵀ + δᵀ·scoresᵀ. The rows of
     every product are V columns or steps (≥ 64), so all three are warp-group MMAs; the direct form's rows are
     the C ≤ 32 query tokens, below the 64 rows of a warp-group MMA (Triton falls back to mma.sync there)."""
     i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -121,21 +116,22 @@ def output_fwd_t_kernel(
     b_ht = tl.load(chunk_states + h_base + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :],
                    other=0.0)  # fmt: skip
     if USE_G:
-        b_oqt = tl.dot(b_ht.to(b_qt.dtype), b_qt)
+        b_oqt = tl.dot(b_ht.to(b_qt.dtype), b_qt, input_precision=PREC)
     b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
     causal_t = ((o_s // NH)[:, None] <= o_t[None, :]) & m_t[None, :]
     decay_t = tl.exp(tl.where(causal_t, Gq[None, :] - G[:, None], float("-inf")))
-    b_st = tl.dot(b_k, b_qt) * decay_t
+    b_st = tl.dot(b_k, b_qt, input_precision=PREC) * decay_t
     b_dt = tl.load(v_new + rows[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_s[None, :], other=0.0)
     # Scores meet δ in δ's dtype, as in output_fwd_kernel.
     if USE_G:
-        b_ot = b_oqt * tl.exp(Gq)[None, :] + tl.dot(b_dt, b_st.to(b_dt.dtype))
+        b_ot = b_oqt * tl.exp(Gq)[None, :] + tl.dot(b_dt, b_st.to(b_dt.dtype), input_precision=PREC)
     else:
         # Without the gate factor Triton would make Sᵀqᵀ (Sᵀ read transposed from memory) the accumulator of
-        # δᵀ·scoresᵀ: with 16-bit states that chain gave wrong o on an H200 (Triton 3.6; 0.71 relative RMS
-        # error at [2,301,4,64], n_h = 2), the reverse chain below is right (docs, fourteenth session).
-        b_ot = tl.dot(b_ht.to(b_qt.dtype), b_qt, acc=tl.dot(b_dt, b_st.to(b_dt.dtype)))
+        # δᵀ·scoresᵀ: with 16-bit states that chain gave wrong o on an H100-class GPU (Triton 3.6); the
+        # reverse chain below is right.
+        b_ot = tl.dot(b_ht.to(b_qt.dtype), b_qt, acc=tl.dot(b_dt, b_st.to(b_dt.dtype), input_precision=PREC),
+                      input_precision=PREC)
     tl.store(o + q_rows[None, :] * V + o_v[:, None], (b_ot * scale).to(o.dtype.element_ty),
              mask=m_v[:, None] & m_t[None, :])  # fmt: skip
 
@@ -146,7 +142,7 @@ def dv_local_kernel(
     cu_seqlens, chunk_offsets, T, NT, N, search_steps, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, C: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """∂L/∂δ from this chunk's own outputs: scale·scoresᵀ dO (the reverse pass adds the state part)."""
     i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -169,91 +165,50 @@ def dv_local_kernel(
     b_do = tl.load(d_out + q_rows[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v < V)[None, :],
                    other=0.0)  # fmt: skip
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
-    # Scores built transposed ([steps, queries]) rather than transposing a dot result (see grads.py).
+    # Scores built transposed ([steps, queries]) rather than transposing a dot result.
     causal_t = ((o_s // NH)[:, None] <= o_t[None, :]) & m_t[None, :]
     decay_t = tl.exp(tl.where(causal_t, Gq[None, :] - G[:, None], float("-inf")))
-    b_st = tl.dot(b_k, b_qt) * decay_t * scale
-    b_dv = tl.dot(b_st.to(b_k.dtype), b_do.to(b_k.dtype))
+    b_st = tl.dot(b_k, b_qt, input_precision=PREC) * decay_t * scale
+    b_dv = tl.dot(b_st.to(b_k.dtype), b_do.to(b_k.dtype), input_precision=PREC)
     tl.store(d_vlocal + rows[:, None] * V + o_v[None, :], b_dv.to(d_vlocal.dtype.element_ty),
              mask=m_s[:, None] & (o_v < V)[None, :])  # fmt: skip
 
 
-# V tile of both kernels: every tile recomputes the chunk's [C, C·n_h] scores and reloads q and k, so one tile
-# covers V up to 128. On an H200 at [4,4096,16,128], n_h = 2, 128 columns against 64 took output_fwd 0.275 ->
-# 0.227 ms and dv_local 0.213 -> 0.143 ms; 32 columns were slower (dv_local 0.355 ms), and output_fwd's K in
-# two 64-column slices too (0.282 ms) (docs/benchmarks.md, GDP 04:54 UTC, ninth session).
-OUTPUT_BLOCK_V = 128
-# The transposed output kernel on an H200 (ms, direct -> transposed): [4,4096,16,128] n_h = 3 0.305 -> 0.237,
-# n_h = 2 0.210 -> 0.170, n_h = 1 0.137 -> 0.136; [8,2048,16,64] n_h = 3 0.130 -> 0.113, n_h = 2 0.093 ->
-# 0.083, n_h = 1 0.067 -> 0.076 (docs/benchmarks.md, GDP, twelfth session). At n_h = 1 the token block has 64
-# rows, a warp-group MMA's own, so the direct kernel stays there.
-TRANSPOSED_MAX_TOKENS = 32
-# Without a gate the transposed kernel chains its products the other way round (see the kernel). Against the
-# direct kernel on an H200 (bf16 δ and states, ms): n_h = 3 0.276 -> 0.260 at [4,4096,16,128] and 0.115 ->
-# 0.109 at [8,2048,16,64], n_h = 2 0.171 -> 0.190 and 0.084 -> 0.084 (docs/benchmarks.md, GDP, fourteenth
-# session; n_h = 4 not timed), so without a gate it runs from n_h = 3.
-TRANSPOSED_NO_GATE_MIN_NH = 3
-
-
 def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
-            block_k: int | None = None, block_v: int | None = None) -> None:  # fmt: skip
-    """One program per (chunk, head, V tile); ``block_k`` (output_fwd only: its K slice, default all of K) and
-    ``block_v`` (default ``OUTPUT_BLOCK_V``) are capped at K's and V's power-of-two blocks."""
+            cfg: GdpLaunch) -> None:  # fmt: skip
+    """One program per (chunk, head, V tile), all of K in one slice."""
     _, _, H, K = q.shape
-    BK = min(block_k or 1 << 30, max(16, next_power_of_2(K)))
-    BV = min(block_v or OUTPUT_BLOCK_V, max(16, next_power_of_2(V)))
+    BV = cfg.output_block_v
     launch(
         kernel, (seqs.grid_chunks, H, cdiv(V, BV)),
         *tensors,
         seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
         seqs.num_sequences, seqs.search_steps, scale,
         H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=BK, BV=BV, USE_G=use_g, IS_VARLEN=seqs.is_varlen, num_warps=4,
+        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)), BV=BV, USE_G=use_g, IS_VARLEN=seqs.is_varlen,
+        PREC=cfg.dot_precision, num_warps=4,
     )  # fmt: skip
 
 
-def output_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    g: torch.Tensor | None,
-    v_new: torch.Tensor,
-    chunk_states: torch.Tensor,
-    scale: float,
-    geo: ChunkGeometry,
-    seqs: SequenceLayout,
-    block_k: int | None = None,
-    block_v: int | None = None,
-    transposed: bool = False,
-) -> torch.Tensor:
-    """o [B, T, H, V] in q's dtype; ``block_k``, ``block_v``: launch overrides (see ``_launch``);
-    ``transposed`` (``otrans``): ``output_fwd_t_kernel`` where the token block has at most
-    ``TRANSPOSED_MAX_TOKENS`` rows (n_h >= 2; without a gate from ``TRANSPOSED_NO_GATE_MIN_NH``), all of K in
-    one slice (``block_k`` is then ignored)."""
+def output_fwd(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, v_new: torch.Tensor,
+               chunk_states: torch.Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
+               cfg: GdpLaunch) -> torch.Tensor:  # fmt: skip
+    """o [B, T, H, V] in q's dtype: the transposed kernel where the launch table says so (its products' rows
+    are V columns or steps, >= 64, so all are warp-group MMAs; the direct form's rows are the C <= 32 query
+    tokens), else the direct one."""
     V = v_new.shape[-1]
     o = q.new_empty(*q.shape[:3], V)
-    gate_ok = g is not None or geo.num_householder >= TRANSPOSED_NO_GATE_MIN_NH
-    transposed = transposed and geo.block_tokens <= TRANSPOSED_MAX_TOKENS and gate_ok
-    kernel = output_fwd_t_kernel if transposed else output_fwd_kernel
+    kernel = output_fwd_t_kernel if cfg.output_transposed else output_fwd_kernel
     _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
-            g is not None, None if transposed else block_k, block_v)  # fmt: skip
+            g is not None, cfg)  # fmt: skip
     return o
 
 
-def dv_local(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    g: torch.Tensor | None,
-    d_out: torch.Tensor,
-    scale: float,
-    geo: ChunkGeometry,
-    seqs: SequenceLayout,
-    inter_dtype: torch.dtype = torch.float32,
-    block_v: int | None = None,
-) -> torch.Tensor:
-    """[B, L, H, V] in ``inter_dtype`` (fp32, or k's dtype with ``lowp``): the within-chunk part of ∂L/∂δ.
-    ``block_v``: the V tile (default ``OUTPUT_BLOCK_V``; every tile recomputes the chunk's scores)."""
+def dv_local(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, d_out: torch.Tensor, scale: float,
+             geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch) -> torch.Tensor:  # fmt: skip
+    """[B, L, H, V] in k's dtype: the within-chunk part of ∂L/∂δ (the reverse state pass adds the rest)."""
     V = d_out.shape[-1]
-    d_vlocal = torch.empty(*k.shape[:3], V, dtype=inter_dtype, device=k.device)
+    d_vlocal = torch.empty(*k.shape[:3], V, dtype=k.dtype, device=k.device)
     _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,
-            g is not None, block_v=block_v)  # fmt: skip
+            g is not None, cfg)  # fmt: skip
     return d_vlocal

@@ -9,7 +9,7 @@ from titan_delta.ops.gated_delta_product import api
 from titan_delta.ops.gated_delta_product.reference import gated_delta_product_chunked
 from titan_delta.testing import assert_rel_close
 
-from .test_gated_delta_product_reference import initial_state_for, make_inputs
+from .gdp_helpers import initial_state_for, make_inputs
 
 
 @pytest.mark.parametrize(("v_dim", "expected"), [(64, 64), (128, 128), (256, 128), (192, 64), (96, None)])

@@ -8,7 +8,8 @@ prints what ``cuobjdump -res-usage`` reports for the cubin. The numbers follow t
 device image has Triton 3.6, so install that one elsewhere and put it first on PYTHONPATH.
 
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py deltaformer --shape 8x2048x16x64
-    PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2
+    PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2 \
+        [--dtype fp32]
 
 Outputs are garbage (no kernel runs): the report is about the compiled code only.
 """
@@ -117,21 +118,28 @@ def _deltaformer(shape: tuple[int, ...], variant: str, backward: bool) -> None:
     B, T, H, D = shape
     q, k, v = (torch.randn(B, T, H, D, dtype=torch.bfloat16, requires_grad=backward) for _ in range(3))
     beta = torch.rand(B, T, H, dtype=torch.bfloat16, requires_grad=backward)
-    o = deltaformer_attn_triton(q, k, v, beta, scale=D**-0.5, variant=variant)
+    extra = {"variant": variant} if variant else {}
+    o = deltaformer_attn_triton(q, k, v, beta, scale=D**-0.5, **extra)
     if backward:
         o.sum().backward()
 
 
-def _gdp(shape: tuple[int, ...], nh: int, variant: str, backward: bool) -> None:
-    from bench_gated_delta_product import make_inputs  # the benchmark's inputs (tools/ is on sys.path)
+def _gdp(shape: tuple[int, ...], nh: int, dtype: torch.dtype, backward: bool) -> None:
+    import torch.nn.functional as F
 
-    from titan_delta_kernels.gated_delta_product.api import gated_delta_product_triton
+    from titan_delta_kernels.gated_delta_product import gated_delta_product_triton
 
-    inputs = make_inputs(*shape, nh, "cpu")
+    B, T, H, D = shape
+    q = torch.randn(B, T, H, D, dtype=dtype)
+    k = F.normalize(torch.randn(B, T * nh, H, D), dim=-1).to(dtype)
+    v = torch.randn(B, T * nh, H, D, dtype=dtype)
+    beta = torch.rand(B, T * nh, H).to(dtype)
+    g = F.logsigmoid(torch.randn(B, T, H))
+    inputs = [x.requires_grad_(backward) for x in (q, k, v, g, beta)]
     with torch.set_grad_enabled(backward):
-        o = gated_delta_product_triton(*inputs, num_householder=nh, variant=variant)[0]
+        o = gated_delta_product_triton(*inputs, num_householder=nh)[0]
     if backward:
-        o.sum().backward()
+        o.float().sum().backward()
 
 
 def main() -> None:
@@ -139,7 +147,8 @@ def main() -> None:
     parser.add_argument("family", choices=["deltaformer", "gdp"])
     parser.add_argument("--shape", type=_shape, default=(8, 2048, 16, 64), help="BxTxHxD")
     parser.add_argument("--nh", type=int, default=2, help="GDP: Householder steps per token")
-    parser.add_argument("--variant", default="", help="kernel variant string of the family")
+    parser.add_argument("--variant", default="", help="DeltaFormer: kernel variant string")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="GDP: input dtype")
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90a")
     parser.add_argument("--dump", default="", help="folder to write each kernel's TTGIR, PTX and SASS into")
@@ -154,7 +163,8 @@ def main() -> None:
     if args.family == "deltaformer":
         _deltaformer(args.shape, args.variant, not args.forward_only)
     else:
-        _gdp(args.shape, args.nh, args.variant, not args.forward_only)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+        _gdp(args.shape, args.nh, dtype, not args.forward_only)
     seen = set()
     for name, constexprs, kernel in _SEEN:
         key = (name, tuple(sorted(constexprs.items())))

@@ -1,0 +1,64 @@
+"""The GDP tools, each run as its own process on the CPU machine.
+
+``tools/bench/kernel_resources.py`` compiles the real launches offline for sm_90 (it replaces Triton's active
+driver and must not run under the interpreter): every kernel of a forward+backward is reported with its
+registers and blocks per SM, and the launch table's register cap reaches the compile.
+``tools/bench/gated_delta_product.py`` refuses to run without a GPU (exit 2, a clear message).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+BENCH = REPO / "tools" / "bench"
+
+
+def _run(tool: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, str(BENCH / tool), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)  # fmt: skip
+
+
+def _kernels(report: str) -> dict[str, tuple[int, int, str]]:
+    """kernel name -> (registers, blocks per SM, its constexpr line), first configuration of each."""
+    lines = report.splitlines()
+    found = {}
+    for line, flags in zip(lines, [*lines[1:], ""], strict=True):
+        m = re.match(r"(\w+)\s+regs\s+(\d+) .* blocks/SM (\d+)", line)
+        if m and m.group(1) not in found:
+            found[m.group(1)] = (int(m.group(2)), int(m.group(3)), flags)
+    return found
+
+
+def test_kernel_resources_gdp_forward_backward():
+    run = _run("kernel_resources.py", "gdp", "--shape", "1x64x2x64", "--nh", "2")
+    if run.returncode and "ptxas" in run.stderr:
+        pytest.skip(f"this Triton build cannot run ptxas here: {run.stderr.strip().splitlines()[-1][:200]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    kernels = _kernels(run.stdout)
+    assert set(kernels) == {"wy_series_kernel", "state_fwd_lean_kernel", "output_fwd_t_kernel",
+                            "dv_local_kernel", "state_bwd_lean_kernel", "dqkw_sliced_kernel",
+                            "wy_bwd_hoisted_kernel"}  # fmt: skip
+    regs, _, flags = kernels["dqkw_sliced_kernel"]
+    assert "maxnreg=168" in flags and regs <= 168
+    assert all(0 < r <= 255 and b >= 1 for r, b, _ in kernels.values())
+
+
+def test_kernel_resources_refuses_a_bad_shape():
+    run = _run("kernel_resources.py", "gdp", "--shape", "8x2048", timeout=120)
+    assert run.returncode != 0 and "BxTxHxD" in run.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_benchmark_refuses_without_a_gpu():
+    run = _run("gated_delta_product.py", "--profile", "1x16x1x16x2", timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "needs a CUDA GPU" in run.stderr

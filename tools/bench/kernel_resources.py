@@ -112,14 +112,13 @@ def _shape(text: str) -> tuple[int, ...]:
         raise SystemExit(f"--shape: expected BxTxHxD such as 8x2048x16x64, got {text!r}") from None
 
 
-def _deltaformer(shape: tuple[int, ...], variant: str, backward: bool) -> None:
+def _deltaformer(shape: tuple[int, ...], dtype: torch.dtype, backward: bool) -> None:
     from titan_delta_kernels.deltaformer.op import deltaformer_attn_triton
 
     B, T, H, D = shape
-    q, k, v = (torch.randn(B, T, H, D, dtype=torch.bfloat16, requires_grad=backward) for _ in range(3))
-    beta = torch.rand(B, T, H, dtype=torch.bfloat16, requires_grad=backward)
-    extra = {"variant": variant} if variant else {}
-    o = deltaformer_attn_triton(q, k, v, beta, scale=D**-0.5, **extra)
+    q, k, v = (torch.randn(B, T, H, D, dtype=dtype, requires_grad=backward) for _ in range(3))
+    beta = torch.rand(B, T, H, dtype=dtype, requires_grad=backward)
+    o = deltaformer_attn_triton(q, k, v, beta, scale=D**-0.5)
     if backward:
         o.sum().backward()
 
@@ -147,8 +146,7 @@ def main() -> None:
     parser.add_argument("family", choices=["deltaformer", "gdp"])
     parser.add_argument("--shape", type=_shape, default=(8, 2048, 16, 64), help="BxTxHxD")
     parser.add_argument("--nh", type=int, default=2, help="GDP: Householder steps per token")
-    parser.add_argument("--variant", default="", help="DeltaFormer: kernel variant string")
-    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="GDP: input dtype")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90a")
     parser.add_argument("--dump", default="", help="folder to write each kernel's TTGIR, PTX and SASS into")
@@ -158,12 +156,11 @@ def main() -> None:
     _install(GPUTarget("cuda", args.arch, 32))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     torch.manual_seed(0)
-    print(f"triton {triton.__version__}, sm_{args.arch}, {args.family} {args.shape} variant={args.variant!r}",
-          flush=True)
+    print(f"triton {triton.__version__}, sm_{args.arch}, {args.family} {args.shape} {args.dtype}", flush=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if args.family == "deltaformer":
-        _deltaformer(args.shape, args.variant, not args.forward_only)
+        _deltaformer(args.shape, dtype, not args.forward_only)
     else:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         _gdp(args.shape, args.nh, dtype, not args.forward_only)
     seen = set()
     for name, constexprs, kernel in _SEEN:

@@ -48,12 +48,9 @@ def chunk_geometry(num_householder: int) -> ChunkGeometry:
 
 @dataclass(frozen=True)
 class SequenceLayout:
-    """How the flattened token axis splits into N sequences and those into chunks (all on the device).
-
-    ``chunk_offsets[n]`` is the index of sequence n's first chunk; ``grid_chunks`` bounds the total number
-    of chunks from shapes alone (so launching never reads device values); ``search_steps`` is the number
-    of binary-search rounds that map a chunk index to its sequence.
-    """
+    """How the token axis splits into N sequences and those into chunks: ``chunk_offsets[n]`` is sequence n's
+    first chunk (on the device), ``grid_chunks`` bounds the chunks from shapes alone (launching never reads
+    device values), ``search_steps`` is the number of binary-search rounds from a chunk to its sequence."""
 
     num_sequences: int
     tokens_per_sequence: int  # T when not varlen (unused for varlen)
@@ -126,14 +123,11 @@ def chunk_log_gates(
 ):
     """Within-chunk cumulative log gates at steps [BT] and at query tokens [BC], and the chunk total.
 
-    The gate of token t acts at its first step t·n_h; cumulative sums are local to the chunk, so every
-    exponent the kernels take is a difference of two of them (≤ 0 for g ≤ 0): no exp-then-divide.
-    The step values are copied from the token prefix sums (not re-summed), so steps of one token, the
-    token's query and the chunk total agree bitwise and their differences are exact zeros, even at |G| ~ 1e5.
-    Padding steps (past the chunk) take the chunk total: the prefix sum runs on over zero gates to BC tokens,
-    and steps past BC tokens (the padding of 128-step blocks, n_h >= 5) are clamped to the last token. A
-    padding row r then meets e^{G_r − G_j} ≤ 1 for gates ≤ 0 (with 0 there, e^{+480} overflowed at g ~ −30 and
-    0·inf turned the whole chunk into NaN).
+    The gate of token t acts at its first step; every exponent the kernels take is a difference of two of
+    these (≤ 0 for g ≤ 0): no exp-then-divide. Steps copy their token's prefix sum (not re-summed), so steps
+    of one token, its query and the chunk total agree bitwise: their differences are exact zeros at any |G|.
+    Padding steps take the chunk total (zero gates up to BC tokens, then clamped to the last token), so a
+    padding row meets e^{G_r − G_j} ≤ 1 (with 0 there, e^{+480} overflowed at g ~ −30 and 0·inf made NaN).
     """
     o_s = tl.arange(0, BT)
     o_t = tl.arange(0, BC)
@@ -149,11 +143,9 @@ def chunk_log_gates(
     return G, Gq, G_last
 
 
-# Scaled fp16 operands (W and U stored for 16-bit inputs, the state in the forward pass's W·S at K = 128,
-# dδ in the reverse pass's Wᵀ·dδ): fp16 keeps tf32's 11-bit significand at half the bytes, but not fp32's
-# range. Scaling each row or column by a power of two puts its largest entry in [2^14, 2^15); a product whose
-# operands are scaled along its free axes is unscaled exactly afterwards. Entries more than 2^28 below their
-# row's largest go subnormal: their absolute error stays under 2^-25 of that largest entry.
+# Scaled fp16 operands (W, U; the state in W·S at K = 128; dδ in Wᵀ·dδ): fp16 has tf32's 11 bits at half the
+# bytes, but not fp32's range. A power of two per row or column puts its largest entry in [2^14, 2^15) and is
+# undone exactly after the product; entries 2^28 below their row's largest go subnormal (error < 2^-25 of it).
 F16_TOP = tl.constexpr(16384.0)  # 2^14
 F16_FLOOR = tl.constexpr(2.0**-100)  # a row whose largest entry is below this (or zero) keeps this scale
 

@@ -1,8 +1,7 @@
 """Entry points called by ``titan_delta.ops.gated_delta_product(..., backend="triton")``: the chunked
-training path (``chunk.py``) and the recurrent decode path (``recurrent.py``).
-
-Checks here read shapes and dtypes only: the values of ``cu_seqlens`` are never copied to the host, so a
-training step launches without a device synchronisation (the public op validates them once, eagerly).
+training path (``chunk.py``) and the recurrent decode path (``recurrent.py``). Checks read shapes and dtypes
+only: ``cu_seqlens`` never reaches the host, so a step launches without a device synchronisation (the public
+op validates its values once, eagerly).
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATE_DTYPES = (*KERNEL_DTYPES, torch.float64)
+Tensor = torch.Tensor
 
 
 def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens):
-    """Shape/dtype checks (no host sync) and contiguous copies; returns the tensors and the resolved scale."""
+    """Shape/dtype checks (no host sync) and contiguous copies; returns the custom ops' arguments."""
     chunk_geometry(num_householder)  # range check with a clear message
     n_h = num_householder
     check_tensor("q", q, 4, "[B, T, H, K]", dtypes=KERNEL_DTYPES)
@@ -51,54 +51,32 @@ def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     scale = K**-0.5 if scale is None else float(scale)
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
-    return q, k, v, g, beta, scale, initial_state
+    return q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale
 
 
 def gated_delta_product_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    *,
-    num_householder: int,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, num_householder: int,
+    scale: float | None = None, initial_state: Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """Chunked Gated DeltaProduct (differentiable in q, k, v, g, β and the initial state).
 
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
     final state [N,H,K,V] fp32 (or None). n_h in 1..8, K and V up to 128, any T, varlen via cu_seqlens.
     The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
     """
-    q, k, v, g, beta, scale, initial_state = _prepare(
-        q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
-    )
-    o, final_state, *_ = gdp_chunk_fwd(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale)
+    args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)
+    o, final_state, *_ = gdp_chunk_fwd(*args)
     return o, (final_state if output_final_state else None)
 
 
 def gated_delta_product_recurrent_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    *,
-    num_householder: int,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Decode path: same arguments and results as ``gated_delta_product_triton``, token by token, no autograd.
-
-    Meant for a few new tokens per sequence on top of a carried ``initial_state`` (T = 1 in generation).
-    """
-    q, k, v, g, beta, scale, initial_state = _prepare(
-        q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
-    )
-    o, final_state = gdp_recurrent_fwd(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale)
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, num_householder: int,
+    scale: float | None = None, initial_state: Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Decode path: same arguments and results as ``gated_delta_product_triton``, token by token, no autograd;
+    meant for a few new tokens per sequence on top of a carried ``initial_state`` (T = 1 in generation)."""
+    args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)
+    o, final_state = gdp_recurrent_fwd(*args)
     return o, (final_state if output_final_state else None)

@@ -1,15 +1,12 @@
 """Per-chunk gradients of the backward pass: ``dqkw`` (dq, the direct dk, ∂L/∂W and the log-gate terms of the
-output scores) here, then ``wy_bwd`` (``wy_bwd.py``: through the UT transform to dk, dv, dβ, dg).
+output scores; kernel and launcher here), then ``wy_bwd`` (through the UT transform to dk, dv, dβ, dg; the
+launcher here, the kernels in ``wy_bwd.py``).
 
-The head dim K of q/k/W is cut into BKS-column slices streamed in loops, so that one [BT, BKS] slice of a
-K-wide operand is live at a time (whole [64, K] tiles took 255 registers per thread at K = 128).
-
-* ``dqkw``: one V loop builds the K-independent dS = dO δᵀ and dSᵀ = δ dOᵀ; a short K loop sums k qᵀ for
-  the gate gradient of the intra-chunk scores; then, per K slice, a V loop accumulates that slice's dq,
-  direct dk and ∂L/∂W, transposed ([BKS, ·]: the products take the 16-bit tiles from memory as first operand
-  and the fp32 δ, dδ as second), which are finished with the slice's q and k and stored through transposed
-  pointers.
-* ∂L/∂W is stored in k's dtype (wy_bwd rounds it to that on load), the direct dk in k's dtype too.
+K is cut into BKS-column slices streamed in loops, so one [BT, BKS] slice of a K-wide operand is live at a
+time (whole [64, K] tiles took 255 registers per thread at K = 128). ``dqkw``: one V loop builds the
+K-independent dS = dO δᵀ and dSᵀ = δ dOᵀ; a K loop sums k qᵀ for the scores' gate gradient; then per K slice
+a V loop accumulates the slice's dq, direct dk and ∂L/∂W transposed ([BKS, ·]: 16-bit tiles from memory as
+first operand), stored through transposed pointers in k's dtype (wy_bwd rounds ∂L/∂W to it on load).
 """
 
 from __future__ import annotations
@@ -18,14 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import launch
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
     locate_chunk,
 )
-from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
+from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch, launch_stage
 from titan_delta_kernels.gated_delta_product.wy_bwd import wy_bwd_hoisted_kernel, wy_bwd_sliced_kernel
 
 Tensor = torch.Tensor
@@ -104,7 +100,7 @@ def dqkw_sliced_kernel(
         b_k = tl.load(k + rows[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_qt = tl.load(q + q_rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
         b_kq += tl.dot(b_k, b_qt, input_precision=PREC)
-    earlier_t = ((o_s // NH)[:, None] < o_t[None, :]) & m_t[None, :]  # e^{Gq_i − G_r}: output.masked_scores
+    earlier_t = ((o_s // NH)[:, None] < o_t[None, :]) & m_t[None, :]  # e^{Gq_i − G_r}: output_fwd_kernel
     b_pt = tl.where(earlier_t, b_kq * decay_t * scale * b_dst, 0.0)
     dGq = tl.sum(b_pt, 0)
     dG = -tl.sum(b_pt, 1)
@@ -159,42 +155,20 @@ def dqkw_sliced_kernel(
     tl.store(dG_tok + q_rows, dGq, mask=m_t)
 
 
-def _launch_config(k: Tensor, V: int, use_g: bool, geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch,
-                   num_stages: int, max_registers: int | None = None) -> tuple[dict, tuple, tuple]:
-    """Constexprs and launch options, sequence-layout arguments and grid shared by both kernels."""
-    H, K = k.shape[2], k.shape[3]
-    common = dict(
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BKS=cfg.grad_block_k, BV=cfg.grad_block_v, USE_G=use_g, IS_VARLEN=seqs.is_varlen,
-        PREC=cfg.dot_precision, num_warps=cfg.grad_warps, num_stages=num_stages,
-    )  # fmt: skip
-    if max_registers:
-        common["maxnreg"] = max_registers
-    where = (seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-             seqs.num_sequences, seqs.search_steps)  # fmt: skip
-    return common, where, (seqs.grid_chunks, H)
-
-
 def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Tensor, d_chunk_states: Tensor,
          d_delta: Tensor, d_out: Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
          cfg: GdpLaunch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, direct dk, ∂L/∂W, step and token log-gate gradients)."""
+    """(dq, direct dk, ∂L/∂W in k's dtype, step and token log-gate gradients in fp32)."""
     B, L, H, K = k.shape
-    f32 = dict(dtype=torch.float32, device=k.device)
-    dq = torch.empty_like(q)
-    dk_part = torch.empty(B, L, H, K, dtype=k.dtype, device=k.device)
-    dw = torch.empty(B, L, H, K, dtype=k.dtype, device=k.device)
-    dG_step = torch.empty(B, L, H, **f32)
-    dG_tok = torch.empty(*q.shape[:3], **f32)
-    # 1 stage for 16-bit δ at K > 64 (launch table): with 2 or 3 the software pipeline was miscompiled there
-    # (Triton 3.6: ∂L/∂W 11-18% off while dq and dk were exact); 1 stage was bitwise right.
-    common, where, grid = _launch_config(k, d_delta.shape[-1], g is not None, geo, seqs, cfg, cfg.dqkw_stages,
-                                         cfg.dqkw_max_registers)  # fmt: skip
-    launch(
-        dqkw_sliced_kernel, grid,
-        q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,
-        dq, dk_part, dw, dG_step, dG_tok, *where, scale, **common,
-    )  # fmt: skip
+    dq, dk_part, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+    dG_step = torch.empty(B, L, H, dtype=torch.float32, device=k.device)
+    dG_tok = torch.empty(*q.shape[:3], dtype=torch.float32, device=k.device)
+    cap = {} if cfg.dqkw_max_registers is None else dict(maxnreg=cfg.dqkw_max_registers)
+    tensors = (q, k, k if g is None else g, v_new, chunk_states, d_chunk_states, d_delta, d_out,
+               dq, dk_part, dw, dG_step, dG_tok)  # fmt: skip
+    launch_stage(dqkw_sliced_kernel, (seqs.grid_chunks, H), tensors, geo, seqs, (H, K, d_delta.shape[-1]), g,
+                 tail=(scale,), BKS=cfg.grad_block_k, BV=cfg.grad_block_v, PREC=cfg.dot_precision,
+                 num_stages=cfg.dqkw_stages, **cap)  # fmt: skip
     return dq, dk_part, dw, dG_step, dG_tok
 
 
@@ -204,26 +178,14 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     """(dk, dv, dg or None, dβ) in the dtypes of k, v, g, β."""
     dk, dv, dbeta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = None if g is None else torch.empty_like(g)
-    common, where, grid = _launch_config(k, v.shape[-1], g is not None, geo, seqs, cfg, cfg.wy_bwd_stages)
     # The [BT, BT] scratch of each chunk: its own rows of dk when they are wide enough, else a buffer laid
     # out like T (the kernel reads it back before it writes dk).
     scr = dk if k.shape[-1] >= geo.block_steps else torch.empty(t_inv.shape, dtype=k.dtype, device=k.device)
-    launch(
-        wy_bwd_hoisted_kernel if cfg.wy_bwd_hoisted else wy_bwd_sliced_kernel, grid,
-        k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
-        dk if dg is None else dg, scr, *where, SCR=scr.shape[-1], **common,
-    )  # fmt: skip
+    tensors = (k, v, beta, k if g is None else g, t_inv, d_delta, dw, dk_part, dG_step, dG_tok, dk, dv, dbeta,
+               dk if dg is None else dg, scr)  # fmt: skip
+    kernel = wy_bwd_hoisted_kernel if cfg.wy_bwd_hoisted else wy_bwd_sliced_kernel
+    launch_stage(kernel, (seqs.grid_chunks, k.shape[2]), tensors, geo, seqs, (*k.shape[2:], v.shape[-1]), g,
+                 BKS=cfg.grad_block_k, BV=cfg.grad_block_v, PREC=cfg.dot_precision,
+                 num_stages=cfg.wy_bwd_stages, SCR=scr.shape[-1])  # fmt: skip
     return dk, dv, dg, dbeta
 
-
-def chunk_grads(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, v_new: Tensor,
-    chunk_states: Tensor, d_chunk_states: Tensor, d_delta: Tensor, d_out: Tensor, scale: float,
-    geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
-    """(dq, dk, dv, dg or None, dβ): dqkw, then wy_bwd."""
-    dq, dk_part, dw, dG_step, dG_tok = dqkw(
-        q, k, g, v_new, chunk_states, d_chunk_states, d_delta, d_out, scale, geo, seqs, cfg
-    )
-    dk, dv, dg, dbeta = wy_bwd(k, v, g, beta, t_inv, d_delta, dk_part, dw, dG_step, dG_tok, geo, seqs, cfg)
-    return dq, dk, dv, dg, dbeta

@@ -1,25 +1,11 @@
 """The launch table of the chunked Gated DeltaProduct op: which kernel each stage runs, and how, per
-(K, V, n_h, dtype, gate). This is the one place these choices are made; the stages take them as arguments.
+(K, V, n_h, dtype, gate). This is the one place these choices are made; the stages take them as arguments
+and launch through ``launch_stage``.
 
-``docs/kernels_gated_delta_product.md`` ("Launch table") explains each row. In short, with
-BK = max(16, next_pow2(K)), P(x) = max(16, next_pow2(x)), and "16-bit" meaning bf16 or fp16 inputs:
-
-* dots: ``input_precision`` "tf32x3" for fp32 inputs (fp32-grade products), "tf32" for 16-bit inputs.
-* storage (16-bit inputs): W and U as fp16 with one power-of-two scale per row, δ and the local ∂L/∂δ
-  in the input dtype; fp32 inputs keep everything in fp32.
-* UT transform: n_h <= 4 (64-step blocks) the series kernel, else the substitution kernel; 4 warps.
-* forward state pass: V tile 64 for 16-bit inputs at K <= 64, else 32; the short-loop kernel where
-  K == BK and the tile divides V (3 stages; W·S as an fp16 product for 16-bit inputs at K >= 128), else
-  the general kernel (3 stages at BK <= 64, else 2); 4 warps.
-* output: the transposed kernel where the token block has <= 32 rows (n_h >= 2) and there is a gate or
-  n_h >= 3, else the direct one; V tile min(128, P(V)), all of K at once; 4 warps. dv_local likewise.
-* reverse state pass: V tile 64 at n_h = 1, else 32; the short-loop kernel for 16-bit inputs where
-  K == BK and the tile divides V, else the general kernel (Wᵀ·dδ as three 16-bit products for 16-bit
-  inputs); stages as the forward pass's general kernel; 4 warps.
-* dqkw: K in slices of min(64, BK), V tile min(64, P(V)), 4 warps; 1 stage for 16-bit inputs at K > 64,
-  else 2; a 168-register cap at K <= 64 with 64-step blocks.
-* wy_bwd: same slices and tile, 4 warps; 3 stages at K > 64, else 2; the hoisted one-tile kernel at
-  K, V <= 64, else the sliced one.
+``docs/kernels_gated_delta_product.md`` ("Launch table") has the table in words and why each row is as it is;
+the constants below carry the short reasons. "16-bit" means bf16 or fp16 inputs, which store W and U as fp16
+with one power-of-two scale per row and δ, ∂L/∂δ in the input dtype; fp32 inputs keep everything in fp32 and
+multiply with ``input_precision="tf32x3"``.
 """
 
 from __future__ import annotations
@@ -28,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from titan_delta_kernels._launch import next_power_of_2
-from titan_delta_kernels.gated_delta_product._common import chunk_geometry
+from titan_delta_kernels._launch import launch, next_power_of_2
+from titan_delta_kernels.gated_delta_product._common import ChunkGeometry, SequenceLayout, chunk_geometry
 
-STATE_WARPS = 4
+NUM_WARPS = 4  # every kernel
 STATE_BLOCK_V = 32  # both state passes: N·H·V/BV sequential programs, so narrow tiles give more of them
 STATE_FWD_BLOCK_V_16BIT_SMALL_K = 64  # forward pass, 16-bit inputs, K <= 64
 STATE_BWD_BLOCK_V_NH1 = 64  # reverse pass at n_h = 1: its 64 query rows need more shared memory per tile
@@ -40,7 +26,6 @@ LEAN_S16_MIN_K = 128  # fp16 W·S in the short-loop forward pass from this K (sl
 OUTPUT_BLOCK_V = 128  # every V tile recomputes the chunk's scores, so one tile covers V up to 128
 TRANSPOSED_MAX_TOKENS = 32  # transposed output kernel where the token block is below a warp group's 64 rows
 TRANSPOSED_NO_GATE_MIN_NH = 3  # without a gate it was slower at n_h = 2
-GRAD_WARPS = 4
 GRAD_BLOCK_K = 64  # K slice of dqkw and wy_bwd: one slice at K <= 64, two at K = 128
 GRAD_BLOCK_V = 64
 DQKW_MAX_REGISTERS = 168  # dqkw at K <= 64, 64-step blocks: three blocks per SM instead of two
@@ -54,7 +39,6 @@ class GdpLaunch:
     dot_precision: str  # tl.dot input_precision of every product
     sixteen_bit: bool  # 16-bit inputs: row-scaled fp16 W and U, 16-bit δ, dδ and direct dk
     wy_series: bool  # the UT transform on 64-step blocks (else the substitution kernel)
-    wy_warps: int
     wy_block_v: int
     state_fwd_block_v: int
     state_fwd_lean: bool
@@ -63,12 +47,10 @@ class GdpLaunch:
     state_bwd_block_v: int
     state_bwd_lean: bool
     state_bwd_stages: int
-    state_warps: int
     output_transposed: bool
     output_block_v: int
     grad_block_k: int
     grad_block_v: int
-    grad_warps: int
     dqkw_stages: int
     dqkw_max_registers: int | None
     wy_bwd_stages: int
@@ -76,8 +58,7 @@ class GdpLaunch:
 
 
 def launch_table(K: int, V: int, num_householder: int, dtype: torch.dtype, gated: bool) -> GdpLaunch:
-    """The launch of every stage (module docstring); not cached: it is cheap, and Dynamo would warn about
-    an lru_cache wrapper in a compiled step."""
+    """The launch of every stage; not cached (cheap, and Dynamo warns about lru_cache in a compiled step)."""
     sixteen = dtype != torch.float32
     geo = chunk_geometry(num_householder)
     block_steps, block_tokens = geo.block_steps, geo.block_tokens
@@ -91,7 +72,6 @@ def launch_table(K: int, V: int, num_householder: int, dtype: torch.dtype, gated
         dot_precision="tf32" if sixteen else "tf32x3",
         sixteen_bit=sixteen,
         wy_series=block_steps == 64,
-        wy_warps=4,
         wy_block_v=min(128 if sixteen and block_steps == 64 else 64, PV),
         state_fwd_block_v=fwd_bv,
         state_fwd_lean=fwd_lean,
@@ -100,15 +80,28 @@ def launch_table(K: int, V: int, num_householder: int, dtype: torch.dtype, gated
         state_bwd_block_v=bwd_bv,
         state_bwd_lean=sixteen and BK == K and V % bwd_bv == 0,
         state_bwd_stages=general_stages,
-        state_warps=STATE_WARPS,
         output_transposed=block_tokens <= TRANSPOSED_MAX_TOKENS
         and (gated or num_householder >= TRANSPOSED_NO_GATE_MIN_NH),
         output_block_v=min(OUTPUT_BLOCK_V, PV),
         grad_block_k=bks,
         grad_block_v=gbv,
-        grad_warps=GRAD_WARPS,
-        dqkw_stages=1 if sixteen and K > 64 else 2,
+        dqkw_stages=1 if sixteen and K > 64 else 2,  # 2-3 stages miscompiled ∂L/∂W there (Triton 3.6)
         dqkw_max_registers=DQKW_MAX_REGISTERS if block_steps <= 64 and K <= 64 else None,
         wy_bwd_stages=WY_BWD_STAGES_MULTI_SLICE if bks < K else 2,
         wy_bwd_hoisted=bks >= K and gbv >= V,
     )
+
+
+def launch_stage(kernel, grid: tuple, tensors: tuple, geo: ChunkGeometry, seqs: SequenceLayout, HKV: tuple,
+                 g: torch.Tensor | None, tail: tuple = (), sequential: bool = False, **options):  # fmt: skip
+    """Launches ``kernel`` on ``tensors``, the sequence layout's arguments (N and the search rounds only for
+    per-chunk kernels, not ``sequential`` passes) and ``tail``, with the shared constexprs and ``options``."""
+    H, K, V = HKV
+    where = (seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence)
+    if not sequential:
+        where += (seqs.num_sequences, seqs.search_steps)
+    launch(
+        kernel, grid, *tensors, *where, *tail,
+        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
+        BC=geo.block_tokens, USE_G=g is not None, IS_VARLEN=seqs.is_varlen, num_warps=NUM_WARPS, **options,
+    )  # fmt: skip

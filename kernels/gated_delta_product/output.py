@@ -1,7 +1,7 @@
 """Per-chunk outputs and their local value gradient, with C query rows per chunk (one per token).
 
-o_i = scale·(e^{Gq_i} q_iᵀ S₀ + Σ_{r ≤ last step of token i} e^{Gq_i − G_r} (q_iᵀ k_r) δ_r).
-FLA runs the same product over all C·n_h steps with zero queries; here the score matrix is C × C·n_h.
+o_i = scale·(e^{Gq_i} q_iᵀ S₀ + Σ_{r ≤ last step of token i} e^{Gq_i − G_r} (q_iᵀ k_r) δ_r): the score
+matrix is C × C·n_h (FLA runs the same product over all C·n_h steps with zero queries).
 """
 
 from __future__ import annotations
@@ -10,25 +10,14 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
+from titan_delta_kernels._launch import cdiv, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
     locate_chunk,
 )
-from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
-
-
-@triton.jit
-def decayed_scores(b_qk, G, Gq, n_tok, NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """[BC, BT] decayed causal scores e^{Gq_i − G_r}(q_i·k_r) from the products q_i·k_r, zero where step r
-    comes after token i."""
-    o_s = tl.arange(0, BT)
-    o_t = tl.arange(0, BC)
-    causal = ((o_s // NH)[None, :] <= o_t[:, None]) & (o_t < n_tok)[:, None]
-    decay = tl.exp(tl.where(causal, Gq[:, None] - G[None, :], float("-inf")))
-    return b_qk * decay
+from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch, launch_stage
 
 
 @triton.jit
@@ -73,7 +62,9 @@ def output_fwd_kernel(
     b_d = tl.load(v_new + rows[:, None] * V + o_v[None, :], mask=m_s[:, None] & (o_v < V)[None, :], other=0.0)
     G, Gq, _ = chunk_log_gates(g, tok0, n_tok, i_h, H, NH, BT, BC, USE_G)
 
-    b_s = decayed_scores(b_qk, G, Gq, n_tok, NH, BT, BC)
+    # Decayed causal scores e^{Gq_i − G_r}(q_i·k_r), zero where step r comes after token i.
+    causal = ((o_s // NH)[None, :] <= o_t[:, None]) & (o_t < n_tok)[:, None]
+    b_s = b_qk * tl.exp(tl.where(causal, Gq[:, None] - G[None, :], float("-inf")))
     # Scores meet δ in δ's dtype (the input dtype).
     b_o = b_qh * tl.exp(Gq)[:, None] + tl.dot(b_s.to(b_d.dtype), b_d, input_precision=PREC)
     tl.store(o + q_rows[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
@@ -88,9 +79,8 @@ def output_fwd_t_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``output_fwd_kernel`` transposed: oᵀ = e^{Gq}·Sᵀqᵀ + δᵀ·scoresᵀ. The rows of
-    every product are V columns or steps (≥ 64), so all three are warp-group MMAs; the direct form's rows are
-    the C ≤ 32 query tokens, below the 64 rows of a warp-group MMA (Triton falls back to mma.sync there)."""
+    """``output_fwd_kernel`` transposed, oᵀ = e^{Gq}·Sᵀqᵀ + δᵀ·scoresᵀ: every product has V columns or steps
+    (≥ 64) as rows, so all are warp-group MMAs (the direct form's C ≤ 32 query rows fall back to mma.sync)."""
     i_chunk, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
     tok0 = bos + i_c * C
@@ -174,41 +164,28 @@ def dv_local_kernel(
              mask=m_s[:, None] & (o_v < V)[None, :])  # fmt: skip
 
 
-def _launch(kernel, tensors, q, V, scale, geo: ChunkGeometry, seqs: SequenceLayout, use_g: bool,
-            cfg: GdpLaunch) -> None:  # fmt: skip
-    """One program per (chunk, head, V tile), all of K in one slice."""
-    _, _, H, K = q.shape
-    BV = cfg.output_block_v
-    launch(
-        kernel, (seqs.grid_chunks, H, cdiv(V, BV)),
-        *tensors,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps, scale,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)), BV=BV, USE_G=use_g, IS_VARLEN=seqs.is_varlen,
-        PREC=cfg.dot_precision, num_warps=4,
-    )  # fmt: skip
-
-
 def output_fwd(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, v_new: torch.Tensor,
                chunk_states: torch.Tensor, scale: float, geo: ChunkGeometry, seqs: SequenceLayout,
                cfg: GdpLaunch) -> torch.Tensor:  # fmt: skip
-    """o [B, T, H, V] in q's dtype: the transposed kernel where the launch table says so (its products' rows
-    are V columns or steps, >= 64, so all are warp-group MMAs; the direct form's rows are the C <= 32 query
-    tokens), else the direct one."""
-    V = v_new.shape[-1]
-    o = q.new_empty(*q.shape[:3], V)
+    """o [B, T, H, V] in q's dtype, by the transposed or the direct kernel as the launch table says."""
+    o = q.new_empty(*q.shape[:3], v_new.shape[-1])
     kernel = output_fwd_t_kernel if cfg.output_transposed else output_fwd_kernel
-    _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, V, scale, geo, seqs,
-            g is not None, cfg)  # fmt: skip
+    _launch(kernel, (q, k, k if g is None else g, v_new, chunk_states, o), q, scale, g, geo, seqs, cfg)
     return o
 
 
 def dv_local(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, d_out: torch.Tensor, scale: float,
              geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch) -> torch.Tensor:  # fmt: skip
     """[B, L, H, V] in k's dtype: the within-chunk part of ∂L/∂δ (the reverse state pass adds the rest)."""
-    V = d_out.shape[-1]
-    d_vlocal = torch.empty(*k.shape[:3], V, dtype=k.dtype, device=k.device)
-    _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, V, scale, geo, seqs,
-            g is not None, cfg)  # fmt: skip
+    d_vlocal = torch.empty(*k.shape[:3], d_out.shape[-1], dtype=k.dtype, device=k.device)
+    _launch(dv_local_kernel, (q, k, k if g is None else g, d_out, d_vlocal), q, scale, g, geo, seqs, cfg)
     return d_vlocal
+
+
+def _launch(kernel, tensors: tuple, q: torch.Tensor, scale: float, g: torch.Tensor | None, geo: ChunkGeometry,
+            seqs: SequenceLayout, cfg: GdpLaunch) -> None:  # fmt: skip
+    """One program per (chunk, head, V tile), all of K in one slice (V is that of the last tensor)."""
+    _, _, H, K = q.shape
+    V, BV = tensors[-1].shape[-1], cfg.output_block_v
+    launch_stage(kernel, (seqs.grid_chunks, H, cdiv(V, BV)), tensors, geo, seqs, (H, K, V), g, tail=(scale,),
+                 BK=max(16, next_power_of_2(K)), BV=BV, PREC=cfg.dot_precision)  # fmt: skip

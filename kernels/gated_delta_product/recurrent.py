@@ -1,8 +1,7 @@
-"""Token-by-token Gated DeltaProduct for decoding with a carried state (forward only).
-
-One program per (sequence, head, V-tile) keeps its [K, BV] slice of the state in fp32 registers and applies
-each token's gate and n_h rank-1 steps in order. For a handful of new tokens this beats the chunked path,
-which would pay for a 64-step UT transform and three launches to advance the state by one token.
+"""Token-by-token Gated DeltaProduct for decoding with a carried state (forward only): one program per
+(sequence, head, V tile) keeps its [K, BV] slice of the state in fp32 registers and applies each token's gate
+and n_h rank-1 steps in order. For a few new tokens this beats the chunked path's 64-step UT transform and
+three launches.
 """
 
 from __future__ import annotations
@@ -13,6 +12,9 @@ import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import sequence_bounds
+from titan_delta_kernels.gated_delta_product.launch_table import NUM_WARPS
+
+Tensor = torch.Tensor
 
 
 @triton.jit
@@ -53,31 +55,23 @@ def recurrent_fwd_kernel(
 
 @torch.library.custom_op("titan_delta::gdp_recurrent_fwd", mutates_args=())
 def gdp_recurrent_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    num_householder: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
+    cu_seqlens: Tensor | None, num_householder: int, scale: float,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Returns (o like q with V columns, final state fp32 [N,H,K,V])."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = q.new_empty(B, T, H, V)
     final_state = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    BK = max(16, next_power_of_2(K))
-    BV = min(32, max(16, next_power_of_2(V)))
+    BK, BV = max(16, next_power_of_2(K)), min(32, max(16, next_power_of_2(V)))
     cu = q.new_zeros(1, dtype=torch.int32) if cu_seqlens is None else cu_seqlens.to(torch.int32)
     launch(
         recurrent_fwd_kernel, (N, H, cdiv(V, BV)),
         q, k, v, k if g is None else g, beta, k if initial_state is None else initial_state, o, final_state,
         cu, T, scale,
         H=H, K=K, V=V, NH=num_householder, BK=BK, BV=BV, USE_G=g is not None,
-        USE_H0=initial_state is not None, IS_VARLEN=cu_seqlens is not None, num_warps=4,
+        USE_H0=initial_state is not None, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
     return o, final_state
 

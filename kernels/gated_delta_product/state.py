@@ -1,11 +1,8 @@
 """The two sequential passes over chunks: forward states and reverse state gradients (general kernels).
 
-One program per (sequence, head, V-tile) walks its sequence's chunks in order; the V columns of the state
-are independent, so tiling V is exact. Everything heavy per chunk (UT transform, outputs, local gradients)
-runs in the parallel per-chunk kernels; these passes only carry the [K, BV] state (fp32) across chunks.
-
-The launchers take the short-loop kernels of ``state_lean.py`` where the launch table says so (K a power of
-two, the V tile dividing V) and the general kernels here otherwise.
+One program per (sequence, head, V tile) walks its sequence's chunks, carrying the [K, BV] fp32 state (V
+columns of the state are independent, so tiling V is exact); the heavy per-chunk work runs in the parallel
+kernels. The launchers take the short-loop kernels of ``state_lean.py`` where the launch table says so.
 """
 
 from __future__ import annotations
@@ -16,14 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
+from titan_delta_kernels._launch import cdiv, next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
     sequence_bounds,
 )
-from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
+from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch, launch_stage
 from titan_delta_kernels.gated_delta_product.state_lean import state_bwd_lean_kernel, state_fwd_lean_kernel
 
 
@@ -36,12 +33,9 @@ def state_fwd_kernel(
     USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, ROW_SCALED: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
-    """Stores the state entering each chunk and δ = U − W S for it; writes the final state.
-
-    ``ROW_SCALED`` (16-bit inputs): W and U come in fp16 with one power-of-two scale per row (``w_scale``,
-    ``u_scale``). W is widened to fp32 for a tf32 product (exact: fp16 carries tf32's 11 bits) and the
-    product's rows are unscaled, folded into δ's subtraction. Otherwise W and U are fp32 (fp32 inputs).
-    """
+    """Stores the state entering each chunk and δ = U − W S for it; writes the final state. ``ROW_SCALED``
+    (16-bit inputs): W and U in fp16 with a power-of-two scale per row; W is widened to fp32 for a tf32
+    product (exact: fp16 has tf32's 11 bits), whose rows are unscaled in δ's subtraction."""
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -94,13 +88,9 @@ def state_bwd_kernel(
     ROW_SCALED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Reverse pass: stores ∂L/∂(state leaving each chunk) and the total ∂L/∂δ; writes ∂L/∂initial_state.
-
-    ``ROW_SCALED`` (16-bit inputs): W comes in fp16 with a power-of-two scale per row (``w_scale``), rebuilt
-    in fp32 (exactly), and Wᵀ·dδ is three SPLIT_DTYPE (bf16) products hi·hi + hi·lo + lo·hi (~2^-16
-    relative, tighter than tf32). A tf32 product would need fp32 Wᵀ steps-contiguous in shared memory, which
-    the pipeliner copies with 4-byte transfers; the 16-bit halves come from a plain swizzled buffer. Otherwise
-    (fp32 inputs) W is fp32 and the product one fp32 dot.
-    """
+    ``ROW_SCALED`` (16-bit inputs): W, rebuilt in fp32 from fp16 and its row scales, meets dδ in three
+    SPLIT_DTYPE (bf16) products hi·hi + hi·lo + lo·hi (~2^-16 relative): a tf32 product would need fp32 Wᵀ
+    steps-contiguous in shared memory, which the pipeliner copies with 4-byte transfers."""
     i_seq, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos, first_chunk = sequence_bounds(i_seq, cu_seqlens, chunk_offsets, T, NT, IS_VARLEN)
     o_s = tl.arange(0, BT)
@@ -154,9 +144,8 @@ def state_bwd_kernel(
 
 
 def _split_dtype() -> tl.dtype:
-    """bf16 for the reverse pass's three-product Wᵀ·dδ; fp16 under the CPU interpreter, whose bf16 tl.dot
-    returns garbage and whose fp32 -> bf16 cast does not round to nearest: there the tests check the split's
-    algebra, and the GPU tests its bf16 form."""
+    """bf16 for the three-product Wᵀ·dδ; fp16 under the CPU interpreter, whose bf16 tl.dot returns garbage
+    and whose fp32 -> bf16 cast does not round to nearest (there the tests check the split's algebra)."""
     return tl.float16 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
@@ -164,31 +153,28 @@ def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, w_scale: torch.Tensor | None,
     u_scale: torch.Tensor | None, g: torch.Tensor | None, initial_state: torch.Tensor | None,
     geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (chunk-start states [chunks,H,K,V] in k's dtype, δ in k's dtype, final state [N,H,K,V] fp32).
     ``w_scale`` / ``u_scale``: W's and U's row scales (16-bit inputs) or None (fp32 W and U)."""
     _, _, H, K = k.shape
     V = u.shape[-1]
-    BV = cfg.state_fwd_block_v
     chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     v_new = torch.empty_like(u, dtype=k.dtype)
     final_state = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
-    args = (
-        k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale,
-        k if g is None else g, k if initial_state is None else initial_state,
-        chunk_states, v_new, final_state,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
+    tensors = (
+        k, w, u, k if w_scale is None else w_scale, k if u_scale is None else u_scale, k if g is None else g,
+        k if initial_state is None else initial_state, chunk_states, v_new, final_state,
     )  # fmt: skip
-    shared = dict(H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-                  BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_H0=initial_state is not None,
-                  IS_VARLEN=seqs.is_varlen, ROW_SCALED=w_scale is not None, num_warps=cfg.state_warps)
-    grid = (seqs.num_sequences, H, cdiv(V, BV))
     if cfg.state_fwd_lean:
-        launch(state_fwd_lean_kernel, grid, *args, **shared, S16=cfg.state_fwd_s16, PREC=cfg.dot_precision,
-               num_stages=cfg.state_fwd_stages)  # fmt: skip
+        kernel, options = state_fwd_lean_kernel, dict(S16=cfg.state_fwd_s16)
     else:
-        launch(state_fwd_kernel, grid, *args, **shared, BK=max(16, next_power_of_2(K)),
-               PREC=cfg.dot_precision, num_stages=cfg.state_fwd_stages)  # fmt: skip
+        kernel, options = state_fwd_kernel, dict(BK=max(16, next_power_of_2(K)))
+    BV = cfg.state_fwd_block_v
+    launch_stage(
+        kernel, (seqs.num_sequences, H, cdiv(V, BV)), tensors, geo, seqs, (H, K, V), g, sequential=True,
+        BV=BV, USE_H0=initial_state is not None, ROW_SCALED=w_scale is not None, PREC=cfg.dot_precision,
+        num_stages=cfg.state_fwd_stages, **options,
+    )  # fmt: skip
     return chunk_states, v_new, final_state
 
 
@@ -196,30 +182,24 @@ def state_bwd(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None, g: torch.Tensor | None,
     d_out: torch.Tensor, d_final: torch.Tensor | None, d_vlocal: torch.Tensor, scale: float,
     geo: ChunkGeometry, seqs: SequenceLayout, cfg: GdpLaunch,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ [like d_vlocal, in k's dtype], ∂L/∂S₀
-    [N,H,K,V] fp32). ∂L/∂δ is stored in k's dtype because both its readers (dqkw and wy_bwd) round it to
-    k's dtype on load; the pass itself uses the fp32 value."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns (∂L/∂chunk-end states [chunks,H,K,V], total ∂L/∂δ in k's dtype (both readers round it to that;
+    the pass uses the fp32 value), ∂L/∂S₀ [N,H,K,V] fp32)."""
     _, _, H, K = k.shape
     V = d_vlocal.shape[-1]
-    BV = cfg.state_bwd_block_v
     d_chunk_states = k.new_empty(seqs.grid_chunks, H, K, V)
     d_delta = torch.empty_like(d_vlocal, dtype=k.dtype)
     d_h0 = torch.empty(seqs.num_sequences, H, K, V, dtype=torch.float32, device=k.device)
-    args = (
-        q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
-        k if d_final is None else d_final, d_vlocal,
-        d_chunk_states, d_delta, d_h0,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence, scale,
-    )  # fmt: skip
-    shared = dict(H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-                  BC=geo.block_tokens, BV=BV, USE_G=g is not None, USE_DHT=d_final is not None,
-                  IS_VARLEN=seqs.is_varlen, num_warps=cfg.state_warps, num_stages=cfg.state_bwd_stages)
-    grid = (seqs.num_sequences, H, cdiv(V, BV))
+    tensors = (q, k, w, k if w_scale is None else w_scale, k if g is None else g, d_out,
+               k if d_final is None else d_final, d_vlocal, d_chunk_states, d_delta, d_h0)  # fmt: skip
     if cfg.state_bwd_lean:
-        launch(state_bwd_lean_kernel, grid, *args, **shared)
+        kernel, options = state_bwd_lean_kernel, {}
     else:
-        launch(state_bwd_kernel, grid, *args, **shared, BK=max(16, next_power_of_2(K)),
-               SPLIT_DTYPE=_split_dtype(), ROW_SCALED=w_scale is not None,
-               PREC=cfg.dot_precision)  # fmt: skip
+        kernel, options = state_bwd_kernel, dict(BK=max(16, next_power_of_2(K)), SPLIT_DTYPE=_split_dtype(),
+                                                 ROW_SCALED=w_scale is not None, PREC=cfg.dot_precision)
+    BV = cfg.state_bwd_block_v
+    launch_stage(
+        kernel, (seqs.num_sequences, H, cdiv(V, BV)), tensors, geo, seqs, (H, K, V), g, tail=(scale,),
+        sequential=True, BV=BV, USE_DHT=d_final is not None, num_stages=cfg.state_bwd_stages, **options,
+    )  # fmt: skip
     return d_chunk_states, d_delta, d_h0

@@ -1,18 +1,13 @@
 """The two state passes with a short chunk loop, where K is a power of two and the V tile divides V
 (``state.py`` has the general kernels and the launchers).
 
-* Every tile offset is an int32 tensor built once before the loop (rows of W, k and U are H·K or H·V apart
-  within a head), and only a few scalar int64 bases move per chunk.
-* Chunks are either full (rows masked only where the 64-step block has padding rows, C·n_h < BT, and query
-  rows only where the token block has padding tokens, C < BC: masks that do not change across chunks) or
-  the one partial chunk at a sequence's end, which takes the masked copy of the step (``PARTIAL``).
-* Forward: 3 pipeline stages (chunk c+1's loads are issued during chunk c), each product issued as soon as
-  its operands exist; with ``S16`` (16-bit inputs, K = 128) W·S is one fp16 product, W as stored and the
-  state scaled per column (``scaled_f16``): tf32's 11 bits, half the chained MMA steps, no widening of W.
-  Without ``S16`` the results are bitwise ``state.state_fwd_kernel``'s (the same products and dtypes).
-* Reverse (row-scaled fp16 W only): Wᵀ·dδ is one fp16 product instead of the general kernel's three 16-bit
-  ones: W's row scales act along the product's sum over steps, so they move onto dδ's rows, and dδ is
-  scaled per column to fp16 (``scaled_f16``): tf32's 11 bits on both operands.
+* Tile offsets are int32 tensors built once before the loop; only a few scalar int64 bases move per chunk.
+* Full chunks mask rows only where the block has padding rows (C·n_h < BT, C < BC: the same every chunk);
+  the one partial chunk at a sequence's end takes the masked copy of the step (``PARTIAL``).
+* Forward: with ``S16`` (16-bit inputs, K = 128) W·S is one fp16 product of W as stored and the state scaled
+  per column (``scaled_f16``): tf32's 11 bits, half the MMA steps. Else bitwise ``state.state_fwd_kernel``.
+* Reverse (row-scaled fp16 W only): Wᵀ·dδ is one fp16 product instead of three 16-bit ones: W's row scales
+  move onto dδ's rows (they act along the sum over steps), and dδ is scaled per column (``scaled_f16``).
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ def _chunk_step(
     S16: tl.constexpr, PARTIAL: tl.constexpr, ROWS_FULL: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """One chunk: store its entry state, δ = U − W S, and return the state leaving it. Each product is issued
-    as soon as its operands exist, and the work that does not need its result (the state and δ stores, gates,
-    loads, casts) follows it."""
+    as soon as its operands exist; the work that does not need its result follows it."""
     m_s = o_s < n_tok * NH  # all true for full chunks when C·n_h == BT (then never used)
     b_w = _load(w_c + off_sk, m_s[:, None], PARTIAL, ROWS_FULL)
     if S16:  # fp16 W as stored · the state scaled per column to fp16: tf32's 11 bits, no widening of W
@@ -135,8 +129,7 @@ def _bwd_chunk_step(
     NH: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr, PARTIAL: tl.constexpr,
     ROWS_FULL: tl.constexpr, TOKS_FULL: tl.constexpr,
 ):  # fmt: skip
-    """One chunk, walked backwards: store ∂L/∂(state leaving it) and the total ∂L/∂δ; return ∂L/∂(state
-    entering it)."""
+    """One chunk backwards: store ∂L/∂(state leaving it) and the total ∂L/∂δ; return ∂L/∂(entry state)."""
     m_s = o_s < n_tok * NH
     m_t = o_t < n_tok
     b_k = _load(k_c + off_sk, m_s[:, None], PARTIAL, ROWS_FULL)
@@ -153,10 +146,7 @@ def _bwd_chunk_step(
     dd16, d_unscale = scaled_f16(b_dd * w_scale[:, None], 0)  # W's row scales onto dδ's rows
     b_wdd = tl.dot(b_wt, dd16) * d_unscale[None, :]
     b_dh = b_dh * tl.exp(G_last) + tl.dot(b_qt, b_do) - b_wdd
-    if PARTIAL or not ROWS_FULL:
-        tl.store(dd_c + off_sv, b_dd.to(dd_c.dtype.element_ty), mask=m_s[:, None])
-    else:
-        tl.store(dd_c + off_sv, b_dd.to(dd_c.dtype.element_ty))
+    _store(dd_c + off_sv, b_dd.to(dd_c.dtype.element_ty), m_s[:, None], PARTIAL, ROWS_FULL)
     return b_dh
 
 

@@ -1,22 +1,17 @@
 """Backward of the UT transform per chunk (``wy_bwd``): dk, dv, dβ and dg from ∂L/∂W (dqkw), ∂L/∂δ (the
 reverse state pass) and T, with the head dim K streamed in BKS-column slices.
 
-* The V part: U = T diag(β) V with ∂L/∂U = dδ gives dv, dβ's V terms and (∂L/∂T)ᵀ (only the transposed
-  one is built). Pass 1 over K slices adds the W part of (∂L/∂T)ᵀ; (∂L/∂A)ᵀ = −T (∂L/∂T)ᵀ T; a K loop sums
-  k kᵀ; pass 2 over K slices recomputes Tᵀ·∂L/∂W for the slice (no partial dk goes through memory: dk is
-  written once, from fp32) and adds the direct dk and the ∂L/∂A terms. ∂L/∂A is needed both ways round in
-  pass 2; the transposed half is read back through transposed pointers from a [BT, BT] scratch (dk's own rows
-  when K >= BT: nothing else writes them before pass 2), with a ``tl.debug_barrier()`` on each side
-  (different threads own the elements).
-* Register notes (sm_90): a product whose result reaches another product through SSA values is laid out
-  with all warps along M, so ∂L/∂A enters pass 2 from memory rather than from its own product's registers,
-  and pass 2 starts its dk accumulator from the direct dk (``acc=``).
-* ``wy_bwd_hoisted_kernel`` (K, V <= 64: one slice, one V tile) runs the same products with the same
-  operands in the same order (bitwise its results under the CPU interpreter), but issues every global load
-  before the first product: with the loops run once and unrolled nothing is software-pipelined, and the
-  sliced kernel loads each phase's tiles just before its products.
-
-No ``tl.trans``: transposed operands come through transposed pointers.
+* U = T diag(β) V with ∂L/∂U = dδ gives dv, dβ's V terms and (∂L/∂T)ᵀ (only the transposed one is built).
+  Pass 1 over K slices adds W's part of (∂L/∂T)ᵀ; (∂L/∂A)ᵀ = −T (∂L/∂T)ᵀ T; a K loop sums k kᵀ; pass 2
+  recomputes Tᵀ·∂L/∂W per slice (dk is written once, from fp32) and adds the direct dk and ∂L/∂A terms.
+  Pass 2 needs ∂L/∂A both ways round: the transposed half is read back through a [BT, BT] scratch (dk's own
+  rows when K >= BT), a ``tl.debug_barrier()`` on each side (other threads own the elements). A product whose
+  result feeds another through registers is laid out with all warps along M (sm_90), so ∂L/∂A enters pass 2
+  from memory and pass 2 starts its dk accumulator from the direct dk (``acc=``).
+* ``wy_bwd_hoisted_kernel`` (K, V <= 64: one slice, one V tile): the same products, operands and order
+  (bitwise under the CPU interpreter), but every global load before the first product: with the loops run
+  once nothing is software-pipelined, and the sliced kernel loads each phase's tiles just before use.
+* No ``tl.trans``: transposed operands come through transposed pointers.
 """
 
 from __future__ import annotations
@@ -41,9 +36,8 @@ def chunk_pointers(
 
 @triton.jit
 def gated_da_t(b_dAt, b_kk, G, b_beta, upper, o_s, NH: tl.constexpr):
-    """(∂L/∂A)ᵀ through A's decay e^{G_r − G_j} and β_r (transposed frame, pairs r > j in ``upper``):
-    (∂L/∂A·β)ᵀ, its dβ terms and its step log-gate terms (pairs of one token cancel: no decay between
-    them)."""
+    """(∂L/∂A)ᵀ (pairs r > j in ``upper``) through A's decay e^{G_r − G_j} and β_r: (∂L/∂A·β)ᵀ, its dβ terms
+    and its step log-gate terms (pairs of one token cancel: no decay between them)."""
     decay_t = tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
     b_dAe_t = tl.where(upper, b_dAt * decay_t, 0.0)
     dbeta = tl.sum(b_dAe_t * b_kk, 0)

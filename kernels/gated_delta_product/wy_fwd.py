@@ -1,22 +1,13 @@
 """UT transform per chunk: T = (I + A)⁻¹ with A = strict_lower(diag(β) KKᵀ ⊙ decay), W = T diag(βe^G) K and
 U = T diag(β) V.
 
-With these, the chunk's delta-rule corrections are δ = U − W S₀ for the state S₀ entering the chunk, which
-turns n_h·C sequential rank-1 updates into two matrix products per chunk (see the reference's derivation).
-T is kept for the backward pass (one BT-wide row per step), W and U feed the forward state pass.
-
-64-step blocks (n_h <= 4) run ``wy_series_kernel``:
-
-* the four 16×16 diagonal blocks are one [4, 16, 16] tensor: their forward substitutions advance together
-  and the block axis spreads over the warps (a kernel on separate 16×16 tiles holds each tile whole in
-  every warp, which spilled registers);
-* with D = (I + A_diag)⁻¹ block-diagonal and N = D·A_off strictly block-lower (N⁴ = 0),
-  T = (I + N)⁻¹ D = D − N(D − N(D − N D)): four [64, 64] products whose rows split over the warps. Expanded,
-  these are exactly the products block forward substitution sums, only grouped differently (not an
-  element-level Neumann series, whose terms can dwarf T);
-* W and U are products of T diag(·) rounded once to k's dtype; for 16-bit inputs they are stored as fp16
-  with one power-of-two scale per row (half the bytes of fp32 through both state passes).
-
+Then δ = U − W S₀ for the state S₀ entering the chunk: n_h·C rank-1 updates become two products per chunk.
+T is kept for the backward, W and U feed the forward state pass. 64-step blocks (n_h <= 4) run
+``wy_series_kernel``: the four 16×16 diagonal blocks are one [4, 16, 16] tensor whose forward substitutions
+advance together with the block axis over the warps (separate 16×16 tiles, each whole in every warp, spilled
+registers); then T = D − N(D − N(D − N D)) with D the block-diagonal inverse and N = D·A_off (N⁴ = 0): the
+products block forward substitution sums, grouped differently (not an element-level Neumann series, whose
+terms can dwarf T). For 16-bit inputs W and U are stored as fp16 with one power-of-two scale per row.
 128-step blocks (n_h >= 5) run ``wy_fwd_kernel`` (``invert_unit_lower``), whose fp32 W and U are row-scaled
 afterwards in PyTorch for 16-bit inputs (``row_scaled_f16``, bitwise the kernel's scaling).
 """
@@ -27,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from titan_delta_kernels._launch import launch, next_power_of_2
+from titan_delta_kernels._launch import next_power_of_2
 from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
@@ -36,7 +27,7 @@ from titan_delta_kernels.gated_delta_product._common import (
     row_scaled_f16,
     scaled_f16,
 )
-from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
+from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch, launch_stage
 
 
 @triton.jit
@@ -71,9 +62,8 @@ def wy_series_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
-    """The transform of one 64-step chunk (module docstring). ``ROW_SCALED`` (16-bit inputs): W and U stored
-    in fp16, each row scaled by a power of two (``scaled_f16``), whose inverse goes to ``w_scale`` and
-    ``u_scale``; U is then one [BT, BV] product (BV covers all of V)."""
+    """One 64-step chunk. ``ROW_SCALED`` (16-bit inputs): W and U in fp16 with a power-of-two scale per row
+    (``scaled_f16``; the inverses go to ``w_scale``, ``u_scale``), U in one [BT, BV] product (BV ≥ V)."""
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
     tok0 = bos + i_c * C
@@ -133,13 +123,9 @@ def wy_series_kernel(
 
 @triton.jit
 def invert_unit_lower(A, BT: tl.constexpr, PREC: tl.constexpr):
-    """(I + A)⁻¹ for strictly lower-triangular A [BT, BT]: 16×16 diagonal blocks, then a block Neumann series.
-
-    Diagonal blocks: forward substitution X_i = −A_i − Σ_{j<i} A_ij X_j, one row of every block per round
-    (blocks own disjoint columns, so their rows can share one reduction) — 15 rounds instead of BT − 1.
-    Off-diagonal: with D⁻¹ the block-diagonal inverse and L the strictly block-lower part of A,
-    (I + A)⁻¹ = (I + N)⁻¹ D⁻¹ with N = D⁻¹L nilpotent of order BT/16, summed by Horner in matmuls.
-    """
+    """(I + A)⁻¹ for strictly lower-triangular A [BT, BT]. Diagonal 16×16 blocks by forward substitution, one
+    row of every block per round (15 rounds, not BT − 1); then (I + N)⁻¹ D⁻¹ with D⁻¹ their inverse and
+    N = D⁻¹·(A's strictly block-lower part), nilpotent of order BT/16, summed by Horner in matmuls."""
     o = tl.arange(0, BT)
     eye = (o[:, None] == o[None, :]).to(tl.float32)
     same_block = (o[:, None] // 16) == (o[None, :] // 16)
@@ -206,7 +192,7 @@ def wy_fwd_kernel(
 def wy_fwd(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, geo: ChunkGeometry,
     seqs: SequenceLayout, cfg: GdpLaunch,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Returns (T [B,L,H,BT] in k's dtype, W [B,L,H,K], U [B,L,H,V], W's row scales, U's row scales) for the
     L = T·n_h steps: W and U fp32 with no scales for fp32 inputs, row-scaled fp16 for 16-bit inputs."""
     B, L, H, K = k.shape
@@ -216,21 +202,13 @@ def wy_fwd(
     store = torch.float16 if row_scaled else torch.float32
     w = torch.empty(B, L, H, K, dtype=store, device=k.device)
     u = torch.empty(B, L, H, V, dtype=store, device=k.device)
-    if row_scaled:
-        scales = (k.new_empty(B, L, H, dtype=torch.float32), k.new_empty(B, L, H, dtype=torch.float32))
-    else:
-        scales = (beta, beta)  # unused pointers
+    # W's and U's row scales (unused pointers where the kernel writes fp32)
+    scales = [k.new_empty(B, L, H, dtype=torch.float32) for _ in "wu"] if row_scaled else [beta, beta]
     kernel, extra = (wy_series_kernel, (*scales,)) if cfg.wy_series else (wy_fwd_kernel, ())
     constexprs = dict(ROW_SCALED=row_scaled) if cfg.wy_series else {}
-    launch(
-        kernel, (seqs.grid_chunks, H),
-        k, v, beta, k if g is None else g, t_inv, w, u, *extra,
-        seqs.cu_seqlens, seqs.chunk_offsets, seqs.tokens_per_sequence, seqs.chunks_per_sequence,
-        seqs.num_sequences, seqs.search_steps,
-        H=H, K=K, V=V, NH=geo.num_householder, C=geo.tokens_per_chunk, BT=geo.block_steps,
-        BC=geo.block_tokens, BK=max(16, next_power_of_2(K)), BV=cfg.wy_block_v, USE_G=g is not None,
-        IS_VARLEN=seqs.is_varlen, PREC=cfg.dot_precision, **constexprs, num_warps=cfg.wy_warps,
-    )  # fmt: skip
+    tensors = (k, v, beta, k if g is None else g, t_inv, w, u, *extra)
+    launch_stage(kernel, (seqs.grid_chunks, H), tensors, geo, seqs, (H, K, V), g, BV=cfg.wy_block_v,
+                 BK=max(16, next_power_of_2(K)), PREC=cfg.dot_precision, **constexprs)  # fmt: skip
     if row_scaled:
         return t_inv, w, u, *scales
     if cfg.sixteen_bit:

@@ -1,10 +1,7 @@
 """Column-parallel kernel: each program owns a block of keys and streams over the later rows that see them.
 
-With P[t, i] = exp2(s[t, i] − lse_t) recomputed from the saved row log-normalisers, it accumulates
-  * DO_DV:  Σ_t P[t,i] Y_t                  — stage 2's dU (Y = dO), or the contribution of later rows to
-                                              the transposed stage-1 solve (Y from ``passes``);
-  * DO_DK:  scale · Σ_t P[t,i](Y_t·V_i − D_t) X_t — the key gradient of either stage (V = U).
-Rows can be limited to t ≥ ``row_from`` (the end of the superblock being solved) for the blocked solve.
+From the saved row normalisers it sums Σ_t P[t,i] Y_t (DO_DV: stage 2's dU, or later rows' part of the
+blocked transposed solve, rows t ≥ row_from) and/or scale·Σ_t P[t,i](Y_t·V_i − D_t) X_t (DO_DK: dk).
 """
 
 from __future__ import annotations
@@ -14,18 +11,17 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer._common import LOG2_E, dot_precision, load_tile, tile_ptrs
+from titan_delta_kernels.deltaformer.config import LaunchConfig
 
 
 @triton.jit
 def _col_bwd_kernel(
-    X, K, VALS, Y, LSE, DVEC, DIAG_C, DK, DVOUT, DOC_START, DOC_END,
-    T, H, key_base, key_stop, row_from, qk_scale, scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr,
+    X, K, VALS, Y, LSE, DVEC, DIAG_C, DK, DVOUT, DOC_START, DOC_END, T, H, key_base, key_stop, row_from,
+    qk_scale, scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     STRICT: tl.constexpr, DO_DV: tl.constexpr, DO_DK: tl.constexpr, HAS_DIAG: tl.constexpr,
-    ROWS_FROM: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROWS_FROM: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_k = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -38,11 +34,9 @@ def _col_bwd_kernel(
     offs_v = tl.arange(0, BV)
     d_ok = offs_d < D
     v_ok = offs_v < DV
-    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                 mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    kt = load_tile(K, cols, col_ok, b, h, T, H, D, offs_d, d_ok)
     if DO_DK:
-        vals = tl.load(VALS + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                       mask=col_ok[:, None] & v_ok[None, :], other=0.0).to(kt.dtype)
+        vals = load_tile(VALS, cols, col_ok, b, h, T, H, DV, offs_v, v_ok).to(kt.dtype)
     t_lo = row_from if ROWS_FROM else i0
     if VARLEN:
         last_key = tl.minimum(i0 + BK, key_stop) - 1
@@ -54,11 +48,9 @@ def _col_bwd_kernel(
     for t0 in range(t_lo, t_hi, BT):
         rows = t0 + tl.arange(0, BT)
         row_ok = rows < t_hi
-        x = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        x = load_tile(X, rows, row_ok, b, h, T, H, D, offs_d, d_ok)
         lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
-        y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                    mask=row_ok[:, None] & v_ok[None, :], other=0.0).to(kt.dtype)
+        y = load_tile(Y, rows, row_ok, b, h, T, H, DV, offs_v, v_ok).to(kt.dtype)
         st = tl.dot(kt, tl.trans(x), input_precision=DOT_PREC) * qk_scale  # [BK, BT]
         allowed = col_ok[:, None] & row_ok[None, :]
         if STRICT:
@@ -77,42 +69,39 @@ def _col_bwd_kernel(
             dst = pt * (dpt - dvec[None, :])
             acc_k += tl.dot(dst.to(kt.dtype), x, input_precision=DOT_PREC)
     if DO_DV:
-        tl.store(DVOUT + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                 acc_v.to(DVOUT.dtype.element_ty), mask=col_ok[:, None] & v_ok[None, :])
+        tl.store(tile_ptrs(DVOUT, cols, b, h, T, H, DV, offs_v), acc_v.to(DVOUT.dtype.element_ty),
+                 mask=col_ok[:, None] & v_ok[None, :])
     if DO_DK:
         acc_k = acc_k * scale
         if HAS_DIAG:  # w = q: the diagonal score s_ii of stage 2 has gradient −c_i
             c = tl.load(DIAG_C + (b * T + cols) * H + h, mask=col_ok, other=0.0)
-            x_cols = tl.load(X + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                             mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            x_cols = load_tile(X, cols, col_ok, b, h, T, H, D, offs_d, d_ok).to(tl.float32)
             acc_k -= scale * c[:, None] * x_cols
-        tl.store(DK + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                 acc_k.to(DK.dtype.element_ty), mask=col_ok[:, None] & d_ok[None, :])
+        tl.store(tile_ptrs(DK, cols, b, h, T, H, D, offs_d), acc_k.to(DK.dtype.element_ty),
+                 mask=col_ok[:, None] & d_ok[None, :])
 
 
 def col_backward(
     x: torch.Tensor, k: torch.Tensor, vals: torch.Tensor | None, y: torch.Tensor, lse: torch.Tensor,
     dvec: torch.Tensor | None, dk: torch.Tensor | None, dv_out: torch.Tensor | None,
-    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, scale: float, strict: bool,
-    key_base: int = 0, key_stop: int | None = None, row_from: int | None = None,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig, *,
+    strict: bool, key_base: int = 0, key_stop: int | None = None, row_from: int | None = None,
     diag_c: torch.Tensor | None = None,
-    block: int, keys: int, dot_prec: str, num_warps: int, num_stages: int,
 ) -> None:
     """Launch over keys [key_base, key_stop); writes the DV-side sum to ``dv_out`` and/or ``dk``."""
     B, T, H, D = x.shape
     DV = y.shape[-1]
+    keys, block, warps, stages = cfg.tiles  # each program owns the row kernels' row tile as keys
     stop = T if key_stop is None else key_stop
-    grid = (cdiv(stop - key_base, keys), B * H)
-    dummy = lse
     launch(
-        _col_bwd_kernel, grid,
-        x, k, vals if vals is not None else dummy, y, lse, dvec if dvec is not None else dummy,
-        diag_c if diag_c is not None else dummy, dk if dk is not None else dummy,
-        dv_out if dv_out is not None else dummy,
-        doc_start if doc_start is not None else dummy, doc_end if doc_end is not None else dummy,
+        _col_bwd_kernel, (cdiv(stop - key_base, keys), B * H),
+        x, k, vals if vals is not None else lse, y, lse, dvec if dvec is not None else lse,
+        diag_c if diag_c is not None else lse, dk if dk is not None else lse,
+        dv_out if dv_out is not None else lse,
+        doc_start if doc_start is not None else lse, doc_end if doc_end is not None else lse,
         T, H, key_base, stop, 0 if row_from is None else row_from, scale * LOG2_E, scale,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
         STRICT=strict, DO_DV=dv_out is not None, DO_DK=dk is not None, HAS_DIAG=diag_c is not None,
         ROWS_FROM=row_from is not None, VARLEN=doc_start is not None,
-        DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
+        DOT_PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages,
     )

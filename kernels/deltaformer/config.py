@@ -1,10 +1,8 @@
-"""The launch table of the DeltaFormer kernels: every block size, warp count and path choice, by head dim.
+"""The launch table of the DeltaFormer kernels: every block size, warp count and path choice.
 
-``width = max(D, Dv)`` (both 16..128) and the sequence length pick every launch below; nothing else (no
-environment variable, no option) changes one. docs/kernels_deltaformer.md ("Launch table") documents the
-table and why each entry is what it is. Under Triton's CPU interpreter the same paths run with 16-row
-chunks and tiles, 64-row forward and 32-row backward superblocks, so the CPU tests cross chunk and
-superblock boundaries at small lengths.
+``width = max(D, Dv)`` and the sequence length pick every launch; nothing else changes one (the table and
+its reasons: docs/kernels_deltaformer.md, "Launch table"). Under the CPU interpreter the same paths run
+with 16-row chunks and tiles and short superblocks, so CPU tests cross their boundaries at small lengths.
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ def _config(head_dim: int, value_dim: int, seq_len: int, cpu_interpreter: bool) 
         return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
                             prep=tiny, prep_registers=0, wave_forward_launch=(4, 2),
                             wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
-    # Backward superblocks: 256 rows at T >= 8192 (less sequential work per (b, h)), 512 below. The
-    # forward's are twice as long: its solve is a wavefront, and each superblock costs two launches
-    # whose host time, not the GPU, set the pace with shorter ones.
+    # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's are twice
+    # as long: its solve is a wavefront, and each superblock costs two launches of host time.
     backward_superblock = 256 if seq_len >= 8192 else 512
     return LaunchConfig(
         chunk=64,
@@ -62,9 +59,8 @@ def _config(head_dim: int, value_dim: int, seq_len: int, cpu_interpreter: bool) 
         # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
         wave_backward=small,
         tiles=(64, 64, 4, 3) if small else (128, 64, 8, 3),
-        prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were much slower for this launch at both widths
-        # Capped at 128 registers the preparation launch at D <= 64 fits 4 blocks per SM instead of 3 and
-        # spills nothing; at D = 128 it needs more than 200, and a cap would spill.
+        prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were slower at both widths
+        # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,
         wave_forward_launch=(4, 3) if small else (8, 2),
         wave_backward_launch=(4, 3),

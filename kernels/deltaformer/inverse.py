@@ -1,9 +1,7 @@
-"""Inverses of the unit lower-triangular diagonal chunk blocks, (I − X)⁻¹ with X = −β P_cc.
+"""Inverses of the unit lower-triangular diagonal blocks, (I − X)⁻¹ with X = −β P_cc, by doubling.
 
-Doubling: (I − X)⁻¹ = Π_j (I + X^(2^j)). X is nilpotent, so log2(chunk) factors are exact, and every step
-is a tensor-core product (ten 64³ products per chunk at chunk = 64, one dependent chain). The device
-functions serve every kernel that builds inverses; ``diag_inverse`` is the separate launch that builds
-all of them for the superblock backward solve.
+(I − X)⁻¹ = Π_j (I + X^(2^j)): X is nilpotent, so log2(chunk) tensor-core products are exact.
+``diag_inverse`` is the separate launch of the superblock backward solve.
 """
 
 from __future__ import annotations
@@ -38,12 +36,13 @@ def _doubling(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr
 
 
 @triton.jit
-def unit_lower_inverse(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
-    """(I − x)⁻¹ for a strictly lower-triangular BT×BT x.
-
-    Under ``tf32`` the products take fp16 operands when the rows of |x| sum to at most FP16_SAFE_ROW_SUM:
-    fp16 keeps tf32's 11 significant bits (and, below 2^-14, an absolute error under 2^-25) at twice the
-    rate and half the shared-memory bytes per operand. Other blocks (β > 1) keep tf32 operands."""
+def store_unit_lower_inverse(BASE, x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
+    """Store (I − x)⁻¹ of a strictly lower-triangular BT×BT x row-major at BASE (other threads' loads need a
+    barrier). Under ``tf32`` the products take fp16 operands when the rows of |x| sum to at most
+    FP16_SAFE_ROW_SUM: fp16 keeps tf32's 11 significant bits (and, below 2^-14, an absolute error under
+    2^-25) at twice the rate and half the shared-memory bytes."""
+    offs = tl.arange(0, BT)
+    ptrs = BASE + offs[:, None] * BT + offs[None, :]
     if INV_PREC == "tf32":
         if tl.max(tl.sum(tl.abs(x), 1), 0) <= FP16_SAFE_ROW_SUM:
             inv = _doubling(x, BT, LOG2_BT, INV_PREC, True)
@@ -51,14 +50,7 @@ def unit_lower_inverse(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.
             inv = _doubling(x, BT, LOG2_BT, INV_PREC, False)
     else:
         inv = _doubling(x, BT, LOG2_BT, INV_PREC, False)
-    return inv
-
-
-@triton.jit
-def store_unit_lower_inverse(BASE, x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
-    """Store (I − x)⁻¹ row-major at BASE. Loads of it by other threads of the program need a barrier."""
-    offs = tl.arange(0, BT)
-    tl.store(BASE + offs[:, None] * BT + offs[None, :], unit_lower_inverse(x, BT, LOG2_BT, INV_PREC))
+    tl.store(ptrs, inv)
 
 
 @triton.jit
@@ -94,15 +86,14 @@ def diag_inverse(
     w: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
     *, scale: float, chunk: int, dot_prec: str, inv_prec: str,
 ) -> torch.Tensor:
-    """fp32 [B·H, n_chunks, chunk, chunk] inverses of every diagonal block, one program per (chunk, b, h).
-    4 warps (one warp group per chunk×chunk tile): 8 took three times as long."""
+    """fp32 [B·H, n_chunks, chunk, chunk] inverses of every diagonal block, one program per (chunk, b, h);
+    4 warps, one warp group per chunk×chunk tile (8 were slower)."""
     B, T, H, D = w.shape
     n_chunks = cdiv(T, chunk)
     linv = new_buffer((B * H, n_chunks, chunk, chunk), device=w.device, dtype=torch.float32)
     launch(
         _diag_inverse_kernel, (n_chunks, B * H),
-        w, k, beta, lse, linv, doc_start if doc_start is not None else lse, T, H, n_chunks,
-        scale * LOG2_E,
+        w, k, beta, lse, linv, doc_start if doc_start is not None else lse, T, H, n_chunks, scale * LOG2_E,
         D=D, BD=next_power_of_2(D), BT=chunk, LOG2_BT=chunk.bit_length() - 1, VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=4,
     )

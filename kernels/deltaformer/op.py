@@ -1,10 +1,8 @@
 """DeltaFormer attention on Triton kernels: the entry point, then its autograd.
 
-``deltaformer_attn_triton`` validates and runs ``_EagerDeltaFormer`` (a plain ``autograd.Function``,
-cheapest in host time per call) or, under ``torch.compile``, the same forward and backward bodies as
-``torch.library`` custom ops with fake kernels and registered autograd: being opaque, they trace under
-``fullgraph=True``, and activation checkpointing simply re-runs the forward op. The ``cu_seqlens`` path
-builds its document tables on the device, so no step reads values back to the host.
+Eager calls run ``_EagerDeltaFormer`` (a plain ``autograd.Function``, cheapest in host time); under
+``torch.compile`` the same bodies run as ``torch.library`` custom ops with fake kernels and registered
+autograd, which trace under ``fullgraph=True`` and re-run under activation checkpointing.
 """
 
 from __future__ import annotations
@@ -67,17 +65,14 @@ def _validate(q, k, v, beta, w, cu_seqlens, scale) -> None:
             raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor [N+1], got {cu_seqlens.dtype} "
                             f"{tuple(cu_seqlens.shape)}")
         if B != 1:
-            raise ValueError(
-                f"with cu_seqlens the batch size must be 1 (documents packed along T), got B={B}"
-            )
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (documents packed along T), "
+                             f"got B={B}")
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise TypeError(f"scale must be a float, got {scale!r}")
 
 
 class _EagerDeltaFormer(torch.autograd.Function):
-    """The custom ops' forward and backward bodies for eager calls, without the custom-op dispatch
-    (schema binding, its Python autograd wrapper), whose host time per call is a large share of a
-    small-shape forward."""
+    """The custom ops' bodies without the custom-op dispatch (much of a small forward's host time)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, w, cu_seqlens, scale):  # type: ignore[override]
@@ -93,15 +88,10 @@ class _EagerDeltaFormer(torch.autograd.Function):
 
 
 def _interpreter_safe(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Triton's CPU interpreter (3.9) returns garbage from ``tl.dot`` on bf16 operands, so under the
-    interpreter bf16 inputs run through the same kernels in fp32 (results are cast back by the caller)."""
+    """The CPU interpreter returns garbage from ``tl.dot`` on bf16 operands: bf16 inputs run in fp32 there."""
     if not interpreting():
         return list(tensors)
     return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors]
-
-
-def _tables(cu_seqlens: torch.Tensor | None, seq_len: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return (None, None) if cu_seqlens is None else document_tables(cu_seqlens, seq_len)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,7 +106,7 @@ def _forward_impl(
     """o, U, P·U, lse1 and lse2: the body of the forward op."""
     T, D = q.shape[1], q.shape[3]
     cfg = launch_config(D, v.shape[-1], T)
-    doc_start, _ = _tables(cu_seqlens, T)
+    doc_start = None if cu_seqlens is None else document_tables(cu_seqlens, T)[0]
     q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
     o, u, pu, lse1, lse2 = forward_pass(q32, k32, v32, beta32, w32, doc_start, scale, cfg)
     return _as(o, q.dtype), _as(u, v.dtype), _as(pu, v.dtype), lse1, lse2
@@ -130,7 +120,7 @@ def _backward_impl(
     """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
     T, D = q.shape[1], q.shape[3]
     cfg = launch_config(D, v.shape[-1], T)
-    doc_start, doc_end = _tables(cu_seqlens, T)
+    doc_start, doc_end = (None, None) if cu_seqlens is None else document_tables(cu_seqlens, T)
     do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
     dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,
                                           doc_start, doc_end, scale, cfg)
@@ -174,8 +164,7 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, beta, w, cu_seqlens, scale = inputs
     o, u, pu, lse1, lse2 = output
     ctx.save_for_backward(q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2)
-    ctx.scale = scale
-    ctx.has_w = w is not None
+    ctx.scale, ctx.has_w = scale, w is not None
     ctx.mark_non_differentiable(u, pu, lse1, lse2)
 
 

@@ -1,12 +1,8 @@
-"""Forward, first launch of each superblock: normalisers, the sums over earlier superblocks, the inverses.
+"""Forward, first launch of each superblock: normalisers, sums over earlier superblocks, diagonal inverses.
 
-One launch per superblock does, for its rows [row_lo, row_hi), what the wavefront solve needs before it
-can start. Each program owns BT rows and streams over
-  1. the keys of earlier superblocks, [document start, row_lo), with their solved U: an online softmax
-     as in flash attention, so the normaliser needs no pass of its own;
-  2. the superblock's own keys up to the block's diagonal, scores only (their U is not solved yet);
-and stores lse_t (log2 domain) and R_t = Σ_{i<row_lo} P[t,i] U_i. It then reads back the normalisers
-it just stored and builds (I + β P_cc)⁻¹ for each of its BT / chunk diagonal chunks.
+Each program owns BT rows and streams, online-softmax style, over the keys of earlier superblocks with their
+solved U, then over its superblock's keys up to the diagonal (scores only); it stores lse_t (log2) and
+R_t = Σ_{i<row_lo} P[t,i] U_i, then builds (I + β P_cc)⁻¹ of its chunks from the stored normalisers.
 """
 
 from __future__ import annotations
@@ -16,70 +12,31 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E, register_cap
+from titan_delta_kernels.deltaformer._common import LOG2_E, interpreting, load_tile, precisions, tile_ptrs
+from titan_delta_kernels.deltaformer.config import LaunchConfig
 from titan_delta_kernels.deltaformer.inverse import store_unit_lower_inverse
 
 
 @triton.jit
-def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
-    """One key tile of an online log-sum-exp: new running max and sum, the factor that rescales what was
-    accumulated against the old max, and the tile's probabilities against the new max."""
+def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr, MASKED: tl.constexpr = True):
+    """One key tile of an online log-sum-exp: new max and sum, the rescale factor of what was accumulated,
+    the tile's probabilities. MASKED=False: a tile every row sees whole (masking was the busiest pipe)."""
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    s = tl.where(s_mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if MASKED:
+        s = tl.where(s_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # unmasked: finite, the tile has keys
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new
     p = tl.exp2(s - m_use[:, None])
     corr = tl.exp2(m_i - m_use)
     return m_new, l_i * corr + tl.sum(p, 1), corr, p
 
 
 @triton.jit
-def _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr):
-    """``_online_step`` for a tile every row may see whole (no document, causal or length mask): the
-    masks' integer and select work was the busiest pipe of this launch."""
-    s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has keys
-    p = tl.exp2(s - m_new[:, None])
-    corr = tl.exp2(m_i - m_new)
-    return m_new, l_i * corr + tl.sum(p, 1), corr, p
-
-
-@triton.jit
-def _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks, qk_scale,
-                    D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, CHUNK: tl.constexpr,
-                    LOG2_CHUNK: tl.constexpr, VARLEN: tl.constexpr,
-                    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
-    """(I + β P_cc)⁻¹ of the BT / CHUNK diagonal chunks of rows [t0, t0 + BT), from stored normalisers."""
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BD)
-    for c in tl.static_range(BT // CHUNK):
-        c0 = t0 + c * CHUNK
-        crow = c0 + offs_c
-        c_ok = crow < row_hi
-        ptrs = ((b * T + crow) * H + h)[:, None] * D + offs_d[None, :]
-        w_c = tl.load(X + ptrs, mask=c_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-        k_c = tl.load(K + ptrs, mask=c_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-        lse_c = tl.load(LSE + pid_bh * T + crow, mask=c_ok, other=0.0)
-        beta_c = tl.load(BETA + (b * T + crow) * H + h, mask=c_ok, other=0.0).to(tl.float32)
-        s = tl.dot(w_c, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
-        allowed = (crow[None, :] < crow[:, None]) & c_ok[:, None]
-        if VARLEN:
-            doc_c = tl.load(DOC_START + crow, mask=c_ok, other=0)
-            allowed = allowed & (crow[None, :] >= doc_c[:, None])
-        neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
-        if c0 < row_hi:  # superblocks hold whole chunks
-            store_unit_lower_inverse(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK, neg, CHUNK,
-                                     LOG2_CHUNK, INV_PREC)
-
-
-@triton.jit
 def _prep_kernel(
-    X, K, U, BETA, LSE, R, LINV, DOC_START,
-    T, H, row_lo, row_hi, n_chunks, qk_scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr,
-    HAS_VALUES: tl.constexpr, FULL_TILES: tl.constexpr, VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
+    X, K, U, BETA, LSE, R, LINV, DOC_START, T, H, row_lo, row_hi, n_chunks, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr, HAS_VALUES: tl.constexpr, FULL_TILES: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -93,8 +50,7 @@ def _prep_kernel(
     d_ok = offs_d < D
     v_ok = offs_v < DV
     vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
-    x = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    x = load_tile(X, rows, row_ok, b, h, T, H, D, offs_d, d_ok)
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         key_lo = tl.load(DOC_START + t0)
@@ -108,39 +64,34 @@ def _prep_kernel(
     if HAS_VALUES and FULL_TILES:  # 1. keys of solved superblocks, whole tiles: no mask at all
         for i0 in range(key_lo, row_lo, BK):
             cols = i0 + tl.arange(0, BK)
-            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                         other=0.0)
-            m_i, l_i, corr, p = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
-            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=v_ok[None, :],
-                           other=0.0)
+            kt = tl.load(tile_ptrs(K, cols, b, h, T, H, D, offs_d), mask=d_ok[None, :], other=0.0)
+            m_i, l_i, corr, p = _online_step(x, kt, None, m_i, l_i, qk_scale, DOT_PREC, False)
+            vals = tl.load(tile_ptrs(U, cols, b, h, T, H, DV, offs_v), mask=v_ok[None, :], other=0.0)
             acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     elif HAS_VALUES:  # 1. keys of solved superblocks: all before every row, only documents mask
         for i0 in range(key_lo, row_lo, BK):
             cols = i0 + tl.arange(0, BK)
             col_ok = cols < row_lo
-            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            kt = load_tile(K, cols, col_ok, b, h, T, H, D, offs_d, d_ok)
             allowed = col_ok[None, :] & row_ok[:, None]
             if VARLEN:
                 allowed = allowed & (cols[None, :] >= row_doc[:, None])
             m_i, l_i, corr, p = _online_step(x, kt, allowed, m_i, l_i, qk_scale, DOT_PREC)
-            vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                           mask=col_ok[:, None] & v_ok[None, :], other=0.0)
+            vals = load_tile(U, cols, col_ok, b, h, T, H, DV, offs_v, v_ok)
             acc = acc * corr[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     diag_lo = own_lo
     if not VARLEN:  # 2a. whole key tiles of this superblock before the row tile: no mask
         diag_lo = own_lo + (t0 - own_lo) // BK * BK
         for i0 in range(own_lo, diag_lo, BK):
             cols = i0 + tl.arange(0, BK)
-            kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=d_ok[None, :],
-                         other=0.0)
-            m_i, l_i, corr, _ = _online_step_full(x, kt, m_i, l_i, qk_scale, DOT_PREC)
+            kt = tl.load(tile_ptrs(K, cols, b, h, T, H, D, offs_d), mask=d_ok[None, :], other=0.0)
+            m_i, l_i, corr, _ = _online_step(x, kt, None, m_i, l_i, qk_scale, DOT_PREC, False)
             if HAS_VALUES:
                 acc = acc * corr[:, None]
     for i0 in range(diag_lo, t0 + BT, BK):  # 2. this superblock up to the diagonal: normaliser only
         cols = i0 + tl.arange(0, BK)
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                     mask=(cols < T)[:, None] & d_ok[None, :], other=0.0)
+        kt = tl.load(tile_ptrs(K, cols, b, h, T, H, D, offs_d), mask=(cols < T)[:, None] & d_ok[None, :],
+                     other=0.0)
         allowed = (cols[None, :] < rows[:, None]) & row_ok[:, None]
         if VARLEN:
             allowed = allowed & (cols[None, :] >= row_doc[:, None])
@@ -153,22 +104,37 @@ def _prep_kernel(
     if HAS_VALUES:
         tl.store(R + vu_ptrs, acc / l_safe[:, None], mask=row_ok[:, None] & v_ok[None, :])
     tl.debug_barrier()  # the inverses read these normalisers back
-    _chunk_inverses(X, K, BETA, LSE, LINV, DOC_START, T, H, b, h, pid_bh, t0, row_hi, n_chunks,
-                    qk_scale, D, BD, BT, CHUNK, LOG2_CHUNK, VARLEN, DOT_PREC, INV_PREC)
+    offs_c = tl.arange(0, CHUNK)
+    for c in tl.static_range(BT // CHUNK):  # (I + β P_cc)⁻¹ of the row tile's chunks
+        c0 = t0 + c * CHUNK
+        crow = c0 + offs_c
+        c_ok = crow < row_hi
+        ptrs = ((b * T + crow) * H + h)[:, None] * D + offs_d[None, :]
+        w_c = tl.load(X + ptrs, mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        k_c = tl.load(K + ptrs, mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        lse_c = tl.load(LSE + pid_bh * T + crow, mask=c_ok, other=0.0)
+        beta_c = tl.load(BETA + (b * T + crow) * H + h, mask=c_ok, other=0.0).to(tl.float32)
+        s = tl.dot(w_c, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+        allowed = (crow[None, :] < crow[:, None]) & c_ok[:, None]
+        if VARLEN:
+            doc_c = tl.load(DOC_START + crow, mask=c_ok, other=0)
+            allowed = allowed & (crow[None, :] >= doc_c[:, None])
+        neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
+        if c0 < row_hi:  # superblocks hold whole chunks
+            store_unit_lower_inverse(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK, neg, CHUNK,
+                                     LOG2_CHUNK, INV_PREC)
 
 
 def prep_superblock(
     x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
-    partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, *, row_lo: int,
-    row_hi: int, scale: float, chunk: int, tiles: tuple[int, int, int, int], dot_prec: str, inv_prec: str,
-    max_registers: int,
+    partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, row_lo: int,
+    row_hi: int, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """Rows [row_lo, row_hi): ``lse`` (fp32 [B, H, T]), ``partial`` = Σ over keys before row_lo of P·U
-    (fp32, needed when row_lo > 0) and the inverses of their chunks in ``linv`` (fp32
-    [B·H, n_chunks, chunk, chunk]). ``tiles``: rows (a multiple of chunk), keys, warps, stages."""
+    """Rows [row_lo, row_hi): ``lse``, ``partial`` (Σ of P·U over keys before row_lo) and ``linv``."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
-    rows, keys, warps, stages = tiles
+    rows, keys, warps, stages = cfg.prep
+    chunk, cap = cfg.chunk, cfg.prep_registers
     launch(
         _prep_kernel, (cdiv(row_hi - row_lo, rows), B * H),
         x, k, u, beta, lse, partial if partial is not None else lse, linv,
@@ -176,6 +142,6 @@ def prep_superblock(
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=rows, BK=keys,
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, HAS_VALUES=row_lo > 0,
         FULL_TILES=doc_start is None and row_lo % keys == 0, VARLEN=doc_start is not None,
-        DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=warps, num_stages=stages,
-        **register_cap(max_registers),
+        **precisions(x.dtype), num_warps=warps, num_stages=stages,
+        **({"maxnreg": cap} if cap and not interpreting() else {}),
     )

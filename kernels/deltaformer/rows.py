@@ -1,11 +1,9 @@
-"""Row-parallel kernels: each program owns a block of query rows and streams over their keys.
+"""Row-parallel kernels: each program owns query rows and streams over their keys, or owns rows alone.
 
-``row_forward``: stage 2 with a separate probe w, a causal flash-attention forward over U that also stores
-its log-normalisers (with w = q the wavefront solve writes o itself).
-``row_backward``: the gradient into the query side of a softmax, dX = scale·dS·K with dS = P∘(Y·Vᵀ − D)
-for a per-row cotangent Y and precomputed D: stage 2's dq (Y = dO, V = U, D = rowsum(dO∘o)) and stage 1's
-dw (Y, D from the transposed solve, see ``passes``).
-Scores are kept in the log2 domain (exp2); log-normalisers are stored that way, as fp32 [B, H, T].
+``row_forward``: stage 2 for a separate w, a causal flash-attention forward over U with log2 normalisers.
+``row_backward``: dX = scale·dS·K, dS = P∘(Y·Vᵀ − D): stage 2's dq (Y = dO, V = U) and stage 1's dw.
+``stage2_weights``, ``score_cotangents``: the backward's per-row scalars, one fused pass each instead of a
+chain of fp32 torch temporaries.
 """
 
 from __future__ import annotations
@@ -15,15 +13,15 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer._common import LOG2_E, dot_precision, load_tile, tile_ptrs
+from titan_delta_kernels.deltaformer.config import LaunchConfig
 
 
 @triton.jit
 def _row_fwd_kernel(
-    X, K, VALS, LSE, OUT, DOC_START,
-    T, H, qk_scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    X, K, VALS, LSE, OUT, DOC_START, T, H, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -36,8 +34,7 @@ def _row_fwd_kernel(
     offs_v = tl.arange(0, BV)
     d_ok = offs_d < D
     v_ok = offs_v < DV
-    x = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    x = load_tile(X, rows, row_ok, b, h, T, H, D, offs_d, d_ok)
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         key_lo = tl.load(DOC_START + t0)
@@ -50,8 +47,7 @@ def _row_fwd_kernel(
     for i0 in range(key_lo, key_hi, BK):
         cols = i0 + tl.arange(0, BK)
         col_ok = cols < key_hi
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        kt = load_tile(K, cols, col_ok, b, h, T, H, D, offs_d, d_ok)
         s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
         allowed = cols[None, :] <= rows[:, None]
         if VARLEN:
@@ -64,23 +60,20 @@ def _row_fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         acc = acc * alpha[:, None]
-        vals = tl.load(VALS + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                       mask=col_ok[:, None] & v_ok[None, :], other=0.0)
+        vals = load_tile(VALS, cols, col_ok, b, h, T, H, DV, offs_v, v_ok)
         acc += tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
     has_keys = l_i > 0.0
     lse_out = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), 0.0)
     tl.store(LSE + pid_bh * T + rows, lse_out, mask=row_ok)
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    tl.store(OUT + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-             acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & v_ok[None, :])
+    tl.store(tile_ptrs(OUT, rows, b, h, T, H, DV, offs_v), acc.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & v_ok[None, :])
 
 
 @triton.jit
 def _row_bwd_kernel(
-    X, K, VALS, Y, LSE, DVEC, DIAG_C, DX, DOC_START,
-    T, H, qk_scale, scale,
-    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr,
+    X, K, VALS, Y, LSE, DVEC, DIAG_C, DX, DOC_START, T, H, qk_scale, scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     STRICT: tl.constexpr, HAS_DIAG: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
@@ -94,10 +87,8 @@ def _row_bwd_kernel(
     offs_v = tl.arange(0, BV)
     d_ok = offs_d < D
     v_ok = offs_v < DV
-    x = tl.load(X + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                mask=row_ok[:, None] & v_ok[None, :], other=0.0).to(x.dtype)
+    x = load_tile(X, rows, row_ok, b, h, T, H, D, offs_d, d_ok)
+    y = load_tile(Y, rows, row_ok, b, h, T, H, DV, offs_v, v_ok).to(x.dtype)
     lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
     dvec = tl.load(DVEC + pid_bh * T + rows, mask=row_ok, other=0.0)
     if VARLEN:
@@ -110,10 +101,8 @@ def _row_bwd_kernel(
     for i0 in range(key_lo, key_hi, BK):
         cols = i0 + tl.arange(0, BK)
         col_ok = cols < key_hi
-        kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :],
-                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        vals = tl.load(VALS + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :],
-                       mask=col_ok[:, None] & v_ok[None, :], other=0.0)
+        kt = load_tile(K, cols, col_ok, b, h, T, H, D, offs_d, d_ok)
+        vals = load_tile(VALS, cols, col_ok, b, h, T, H, DV, offs_v, v_ok)
         s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
         allowed = (cols[None, :] < rows[:, None]) if STRICT else (cols[None, :] <= rows[:, None])
         if VARLEN:
@@ -125,45 +114,126 @@ def _row_bwd_kernel(
     acc = acc * scale
     if HAS_DIAG:  # w = q: the diagonal score s_tt of stage 2 has gradient −c_t
         c = tl.load(DIAG_C + (b * T + rows) * H + h, mask=row_ok, other=0.0)
-        k_rows = tl.load(K + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                         mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        k_rows = load_tile(K, rows, row_ok, b, h, T, H, D, offs_d, d_ok).to(tl.float32)
         acc -= scale * c[:, None] * k_rows
-    tl.store(DX + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-             acc.to(DX.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(tile_ptrs(DX, rows, b, h, T, H, D, offs_d), acc.to(DX.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
 
 
 def row_forward(
     x: torch.Tensor, k: torch.Tensor, vals: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
-    doc_start: torch.Tensor | None, *, scale: float, block: int, keys: int, dot_prec: str, num_warps: int,
-    num_stages: int,
+    doc_start: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
     """Causal flash-attention forward of ``x`` against (k, vals): ``out`` and its log2 normalisers ``lse``."""
     B, T, H, D = x.shape
     DV = vals.shape[-1]
+    block, keys, warps, stages = cfg.tiles
     launch(
         _row_fwd_kernel, (cdiv(T, block), B * H),
         x, k, vals, lse, out, doc_start if doc_start is not None else lse, T, H, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
-        VARLEN=doc_start is not None, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
+        VARLEN=doc_start is not None, DOT_PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages,
     )
 
 
 def row_backward(
     x: torch.Tensor, k: torch.Tensor, vals: torch.Tensor, y: torch.Tensor, lse: torch.Tensor,
-    dvec: torch.Tensor, dx: torch.Tensor, doc_start: torch.Tensor | None, *, scale: float, strict: bool,
-    diag_c: torch.Tensor | None = None, block: int, keys: int, dot_prec: str, num_warps: int, num_stages: int,
+    dvec: torch.Tensor, dx: torch.Tensor, doc_start: torch.Tensor | None, scale: float, cfg: LaunchConfig, *,
+    strict: bool, diag_c: torch.Tensor | None = None,
 ) -> None:
-    """dX = scale · Σ_i P[t,i](Y_t·V_i − D_t) K_i into ``dx`` (the query-side softmax gradient), minus
-    scale · c_t K_t when ``diag_c`` is given."""
+    """dX = scale · Σ_i P[t,i](Y_t·V_i − D_t) K_i into ``dx``, minus scale · c_t K_t given ``diag_c``."""
     B, T, H, D = x.shape
     DV = vals.shape[-1]
-    grid = (cdiv(T, block), B * H)
+    block, keys, warps, stages = cfg.tiles
     launch(
-        _row_bwd_kernel, grid,
+        _row_bwd_kernel, (cdiv(T, block), B * H),
         x, k, vals, y, lse, dvec, diag_c if diag_c is not None else lse, dx,
-        doc_start if doc_start is not None else lse,
-        T, H, scale * LOG2_E, scale,
+        doc_start if doc_start is not None else lse, T, H, scale * LOG2_E, scale,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=block, BK=keys,
-        STRICT=strict, HAS_DIAG=diag_c is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec,
-        num_warps=num_warps, num_stages=num_stages,
+        STRICT=strict, HAS_DIAG=diag_c is not None, VARLEN=doc_start is not None,
+        DOT_PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages,
+    )
+
+
+_ROWS = 32  # rows per program of the per-row scalar kernels
+
+
+@triton.jit
+def _stage2_weights_kernel(
+    Q, K, DO, PU, U, LSE, DOC_START, ALPHA, C, n_rows, T, H, scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = r < n_rows
+    t = (r // H) % T
+    bh = (r // (T * H)) * H + r % H
+    offs_d = tl.arange(0, BD)
+    offs_v = tl.arange(0, BV)
+    dm = ok[:, None] & (offs_d < D)[None, :]
+    vm = ok[:, None] & (offs_v < DV)[None, :]
+    q = tl.load(Q + r[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(tl.float32)
+    k = tl.load(K + r[:, None] * D + offs_d[None, :], mask=dm, other=0.0).to(tl.float32)
+    s_tt = tl.sum(q * k, 1) * scale
+    log_z = tl.load(LSE + bh * T + t, mask=ok, other=0.0) * 0.6931471805599453
+    first = tl.load(DOC_START + t, mask=ok, other=0) if VARLEN else 0
+    has_keys = t > first
+    alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp(s_tt - log_z)), 0.0)
+    do = tl.load(DO + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
+    pu = tl.load(PU + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
+    u = tl.load(U + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
+    d_alpha = tl.sum(do * (pu - u), 1)
+    tl.store(ALPHA + r, alpha, mask=ok)
+    tl.store(C + r, d_alpha * alpha * (1.0 - alpha), mask=ok)
+
+
+@triton.jit
+def _score_cotangents_kernel(
+    Y, G, PU, C, DVEC, DBETA, n_rows, T, H,
+    DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, HAS_C: tl.constexpr,
+):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = r < n_rows
+    t = (r // H) % T
+    bh = (r // (T * H)) * H + r % H
+    offs_v = tl.arange(0, BV)
+    vm = ok[:, None] & (offs_v < DV)[None, :]
+    pu = tl.load(PU + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
+    y = tl.load(Y + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0)
+    g = tl.load(G + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0)
+    dvec = tl.sum(y * pu, 1)
+    if HAS_C:
+        dvec -= tl.load(C + r, mask=ok, other=0.0)
+    tl.store(DVEC + bh * T + t, dvec, mask=ok)
+    tl.store(DBETA + r, (-tl.sum(g * pu, 1)).to(DBETA.dtype.element_ty), mask=ok)
+
+
+def stage2_weights(
+    q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, pu: torch.Tensor, u: torch.Tensor, lse: torch.Tensor,
+    doc_start: torch.Tensor | None, alpha: torch.Tensor, c: torch.Tensor, *, scale: float,
+) -> None:
+    """Fill fp32 [B, T, H] α_t = Z_t / (Z_t + e^{s_tt}), the weight of (P U)_t in o_t, and
+    c_t = dα_t · α_t (1 − α_t) with dα_t = dO_t · ((P U)_t − U_t)."""
+    B, T, H, D = q.shape
+    DV = u.shape[-1]
+    n_rows = B * T * H
+    launch(
+        _stage2_weights_kernel, (cdiv(n_rows, _ROWS),),
+        q, k, do, pu, u, lse, doc_start if doc_start is not None else lse, alpha, c, n_rows, T, H, scale,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BR=_ROWS, VARLEN=doc_start is not None,
+    )
+
+
+def score_cotangents(
+    y: torch.Tensor, g: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None, dvec: torch.Tensor,
+    dbeta: torch.Tensor,
+) -> None:
+    """Fill ``dvec`` (fp32 [B, H, T]) with D_t = Y_t · (P U)_t − c_t, the softmax-backward row term of
+    stage 1, and ``dbeta`` ([B, T, H], β's dtype) with dβ_t = −G_t · (P U)_t."""
+    B, T, H, DV = y.shape
+    n_rows = B * T * H
+    launch(
+        _score_cotangents_kernel, (cdiv(n_rows, _ROWS),),
+        y, g, pu, c if c is not None else dvec, dvec, dbeta, n_rows, T, H,
+        DV=DV, BV=next_power_of_2(DV), BR=_ROWS, HAS_C=c is not None,
     )

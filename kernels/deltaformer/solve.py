@@ -1,10 +1,8 @@
-"""Backward solve by superblocks (width > 64): the transposed stage-1 system, (I + diag(β)P)ᵀ G = dU.
+"""Backward solve by superblocks (width > 64) of the transposed stage-1 system (I + diag(β)P)ᵀ G = dU.
 
-Superblocks are walked from the end. Before each, the contribution of the later superblocks, Σ_t P[t,i] Y_t,
-is summed by the parallel key kernel (``cols.py``); inside the superblock one program per (b, h, value
-slice) walks its chunks backwards: it adds the contributions of the later chunks of the superblock
-already solved and applies the transposed inverse of its diagonal block (``inverse.diag_inverse``). The
-value columns of the system are independent, so several programs share one (b, h) to fill the GPU.
+Inside a superblock a program per (b, h, value slice) walks the chunks backwards, adding the later chunks
+it solved and applying the diagonal blocks' transposed inverses; value columns are independent, so several
+programs share a (b, h) to fill the GPU.
 """
 
 from __future__ import annotations
@@ -14,13 +12,13 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E
+from titan_delta_kernels.deltaformer._common import LOG2_E, load_tile, precisions
+from titan_delta_kernels.deltaformer.config import LaunchConfig
 
 
 @triton.jit
 def _solve_bwd_kernel(
-    W, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, R, DOC_START, DOC_END,
-    T, H, row_lo, row_hi, n_chunks, qk_scale,
+    W, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, R, DOC_START, DOC_END, T, H, row_lo, row_hi, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     HAS_R: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INV_PREC: tl.constexpr,
@@ -49,11 +47,9 @@ def _solve_bwd_kernel(
         for t0 in range(c0 + BT, t_hi, BT):
             rows = t0 + tl.arange(0, BT)
             row_ok = rows < t_hi
-            w = tl.load(W + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            w = load_tile(W, rows, row_ok, b, h, T, H, D, offs_d, d_ok)
             lse = tl.load(LSE + pid_bh * T + rows, mask=row_ok, other=0.0)
-            y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                        mask=row_ok[:, None] & v_ok[None, :], other=0.0)
+            y = load_tile(Y, rows, row_ok, b, h, T, H, DV, offs_v, v_ok)
             st = tl.dot(kt, tl.trans(w), input_precision=DOT_PREC) * qk_scale  # [keys, rows]
             allowed = row_ok[None, :]
             if VARLEN:
@@ -64,7 +60,7 @@ def _solve_bwd_kernel(
         src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
         beta = tl.load(BETA + (b * T + cols) * H + h, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_ALPHA:
-            # the α-weighted part of dO reaches U through (P U) as well: add P_ccᵀ (α dO)_c of this chunk.
+            # the α-weighted part of dO reaches U through (P U) as well: add P_ccᵀ (α dO)_c of this chunk
             alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
             w_c = tl.load(W + wk_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
             lse_c = tl.load(LSE + pid_bh * T + cols, mask=col_ok, other=0.0)
@@ -87,24 +83,23 @@ def _solve_bwd_kernel(
         tl.debug_barrier()  # the previous chunk reads these rows of Y back
 
 
-
 def solve_backward(
     w: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
     y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, partial: torch.Tensor | None,
-    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, *, row_lo: int, row_hi: int, scale: float,
-    chunk: int, value_block: int, dot_prec: str, inv_prec: str, num_warps: int, num_stages: int,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, row_lo: int, row_hi: int, scale: float,
+    cfg: LaunchConfig,
 ) -> None:
     """Transposed solve of rows [row_lo, row_hi) from the end: G (= dv) and the row cotangent
     Y = α·src − β·G of the stage-1 scores; ``partial`` = Σ over later superblocks of Pᵀ Y."""
     B, T, H, D = w.shape
     DV = src.shape[-1]
+    warps, stages = cfg.solve_launch
     launch(
-        _solve_bwd_kernel, (B * H, cdiv(DV, value_block)),
+        _solve_bwd_kernel, (B * H, cdiv(DV, cfg.value_block)),
         w, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
         partial if partial is not None else lse, doc_start if doc_start is not None else lse,
-        doc_end if doc_end is not None else lse, T, H, row_lo, row_hi, linv.shape[1],
-        scale * LOG2_E,
-        D=D, DV=DV, BD=next_power_of_2(D), BV=value_block, BT=chunk, HAS_R=partial is not None,
-        HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec,
-        num_warps=num_warps, num_stages=num_stages,
+        doc_end if doc_end is not None else lse, T, H, row_lo, row_hi, linv.shape[1], scale * LOG2_E,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=cfg.value_block, BT=cfg.chunk, HAS_R=partial is not None,
+        HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, **precisions(w.dtype),
+        num_warps=warps, num_stages=stages,
     )

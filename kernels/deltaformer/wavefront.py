@@ -1,19 +1,12 @@
 """Wavefront solves: one program per (chunk, b, h), handing solved rows on through flags in memory.
 
-Forward (``superblock_wave_solve``), inside each superblock after its preparation launch (``prep.py``):
-the program of chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks (those solved long ago after
-a single wait, the last WAVE_DEFER one by one as their flags rise), applies the prepared inverse, stores
-its rows of U and raises its flag; then P·U and, for w = q, the output.
-Backward (``wave_backward``, the whole transposed solve in one launch): the program of key chunk c does the
-same for (I + diag(β)P)ᵀ G = dU, walking later row chunks, with the forward's normalisers.
-
-A program takes a *ticket* from an atomic counter and derives its chunk from it, chunk-major (the forward
-counts chunks up, the backward down), so a program only ever waits for programs that took earlier
-tickets: those are resident or finished, so the waits cannot deadlock, whatever order the hardware
-starts programs in (the decoupled look-back of single-pass scans). A chunk's flag is raised only after it
-waited for all earlier chunks of its rows, so one flag vouches for all of them. Under Triton's CPU
-interpreter programs run one after the other in grid order, which is ticket order, so every wait finds
-its flag set.
+Forward (per superblock, after ``prep.py``): chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks
+(the last WAVE_DEFER one by one as their flags rise), applies the prepared inverse, stores U_c and raises
+its flag, then writes P·U and, for w = q, o. Backward: the whole transposed solve in one launch, over later
+chunks. A program derives its chunk from a ticket taken from an atomic counter, chunk-major, so it only
+waits for programs with earlier tickets, resident or finished: no deadlock whatever order programs start
+in (the decoupled look-back of single-pass scans). A flag is raised only after all earlier chunks' waits,
+so one flag vouches for all of them. The interpreter runs programs in ticket order.
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer
-from titan_delta_kernels.deltaformer.config import WAVE_DEFER
+from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer, precisions, tile_ptrs
+from titan_delta_kernels.deltaformer.config import WAVE_DEFER, LaunchConfig
 from titan_delta_kernels.deltaformer.inverse import store_unit_lower_inverse
 
 
@@ -42,82 +35,25 @@ def _raise_flag(FLAGS, index):
 
 
 @triton.jit
-def _key_tile(K, row_ok, row_doc, T, H, b, h, j, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-              VARLEN: tl.constexpr):
-    """The keys of an earlier chunk j and which of them each row may see (its own document's)."""
+def _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D: tl.constexpr,
+               DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, WAIT: tl.constexpr,
+               VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + P[rows, chunk j]·U[chunk j]: P before the wait for the chunk's flag (WAIT), U read past L1, as
+    other programs wrote it in this launch. Without documents nothing is masked: earlier keys precede every
+    row, and rows past the end (x = lse = 0) get finite values that are never stored."""
     cols = j * BT + tl.arange(0, BT)
     offs_d = tl.arange(0, BD)
-    kt = tl.load(K + ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :], mask=(offs_d < D)[None, :],
-                 other=0.0)
-    allowed = row_ok[:, None] & (cols >= 0)[None, :]
+    kt = tl.load(tile_ptrs(K, cols, b, h, T, H, D, offs_d), mask=(offs_d < D)[None, :], other=0.0)
     if VARLEN:
-        allowed = allowed & (cols[None, :] >= row_doc[:, None])
-    return kt, allowed
-
-
-@triton.jit
-def _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale,
-                 D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
-    """P[rows, chunk j] with the rows' final normalisers: needs no solved values, so a program computes
-    it before waiting for the chunk's flag. Without documents nothing is masked: every key of an earlier
-    chunk is before every row, and rows past the end (x = 0, lse = 0) get finite values that are never
-    stored (their inverse rows are the identity's and their v and β are 0)."""
-    kt, allowed = _key_tile(K, row_ok, row_doc, T, H, b, h, j, D, BD, BT, VARLEN)
+        allowed = row_ok[:, None] & (cols >= 0)[None, :] & (cols[None, :] >= row_doc[:, None])
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    if VARLEN:
-        return tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
-    return tl.exp2(s - lse[:, None])
-
-
-@triton.jit
-def _add_chunk_values(acc, p, U, T, H, b, h, j, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                      DOT_PREC: tl.constexpr):
-    """acc + p · U[chunk j]; U is read past L1 (``.cg``): other programs wrote it during this launch."""
-    cols = j * BT + tl.arange(0, BT)
+    p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0) if VARLEN else tl.exp2(s - lse[:, None])
+    if WAIT:
+        _wait_for(flags, j)
     offs_v = tl.arange(0, BV)
     vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
                    other=0.0, cache_modifier=".cg")
     return acc + tl.dot(p.to(vals.dtype), vals, input_precision=DOT_PREC)
-
-
-@triton.jit
-def _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
-                  qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-                  BT: tl.constexpr, DEFER: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
-                  DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr):
-    """The end of a forward wavefront program: the last DEFER chunks (scores first, values once solved),
-    the chunk's rows of U and its flag — the chain to the next chunk ends there — then P·U and, for w = q,
-    o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt}) (see ``passes``)."""
-    offs = tl.arange(0, BT)
-    offs_d = tl.arange(0, BD)
-    offs_v = tl.arange(0, BV)
-    vu_ptrs = ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :]
-    vu_mask = row_ok[:, None] & (offs_v < DV)[None, :]
-    for i in tl.static_range(DEFER):
-        j = c - DEFER + i
-        if j >= j_lo:
-            p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
-            _wait_for(flags, j)
-            acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
-    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
-    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
-    _raise_flag(flags, c)
-    k_c = tl.load(K + ((b * T + rows) * H + h)[:, None] * D + offs_d[None, :],
-                  mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
-    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
-    if VARLEN:
-        in_block = in_block & (rows[None, :] >= row_doc[:, None])
-    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
-    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
-    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
-    if FUSED_OUT:
-        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
-        has_keys = (rows > row_doc) if VARLEN else (rows > 0)
-        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
-        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
-        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
 
 
 @triton.jit
@@ -158,20 +94,40 @@ def _superblock_wave_kernel(
     if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
         _wait_for(flags, j_def - 1)
     for j in range(j_lo, j_def):
-        p = _chunk_probs(x, lse, row_ok, row_doc, K, T, H, b, h, j, qk_scale, D, BD, BT, VARLEN, DOT_PREC)
-        acc = _add_chunk_values(acc, p, U, T, H, b, h, j, DV, BV, BT, DOT_PREC)
+        acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D, DV, BD, BV,
+                         BT, False, VARLEN, DOT_PREC)
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
-    _finish_chunk(acc, inv, v, beta, x, lse, rows, row_ok, row_doc, K, U, PU, O, flags, T, H, b, h, c, j_lo,
-                  qk_scale, D, DV, BD, BV, BT, DEFER, FUSED_OUT, VARLEN, DOT_PREC, INV_PREC)
+    for i in tl.static_range(DEFER):  # the last DEFER chunks: scores first, values once solved
+        j = c - DEFER + i
+        if j >= j_lo:
+            acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D, DV, BD,
+                             BV, BT, True, VARLEN, DOT_PREC)
+    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
+    tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
+    _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
+    k_c = tl.load(tile_ptrs(K, rows, b, h, T, H, D, offs_d), mask=wk_mask, other=0.0)
+    s_cc = tl.dot(x, tl.trans(k_c), input_precision=DOT_PREC) * qk_scale
+    in_block = (offs[None, :] < offs[:, None]) & row_ok[:, None]
+    if VARLEN:
+        in_block = in_block & (rows[None, :] >= row_doc[:, None])
+    p_cc = tl.where(in_block, tl.exp2(s_cc - lse[:, None]), 0.0)
+    pu = acc + tl.dot(p_cc.to(U.dtype.element_ty), u_c.to(U.dtype.element_ty), input_precision=DOT_PREC)
+    tl.store(PU + vu_ptrs, pu.to(PU.dtype.element_ty), mask=vu_mask)
+    if FUSED_OUT:  # o = α·PU + (1 − α)·U with α_t = Z_t / (Z_t + e^{s_tt})
+        s_tt = tl.sum(tl.where(offs[:, None] == offs[None, :], s_cc, 0.0), 1)
+        has_keys = (rows > row_doc) if VARLEN else (rows > 0)
+        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse)), 0.0)
+        o = alpha[:, None] * pu + (1.0 - alpha)[:, None] * u_c
+        tl.store(O + vu_ptrs, o.to(O.dtype.element_ty), mask=vu_mask)
 
 
 @triton.jit
-def _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
-                     DOT_PREC: tl.constexpr):
-    """P[rows of chunk j, cols]ᵀ (keys of this program against a later row chunk): no solved values."""
+def _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi, qk_scale,
+                     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                     WAIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + P[rows of chunk j, cols]ᵀ·Y[rows of chunk j], as ``_add_chunk`` for the transposed solve."""
     rows = j * BT + tl.arange(0, BT)
     row_ok = rows < t_hi
     offs_d = tl.arange(0, BD)
@@ -183,14 +139,9 @@ def _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, q
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (row_doc[None, :] <= cols[:, None])
-    return tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0).to(kt.dtype)
-
-
-@triton.jit
-def _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV: tl.constexpr, BV: tl.constexpr,
-                        BT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + pt · Y[rows of chunk j]; Y is read past L1: other programs wrote it during this launch."""
-    rows = j * BT + tl.arange(0, BT)
+    pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0).to(kt.dtype)
+    if WAIT:
+        _wait_for(flags, j)
     offs_v = tl.arange(0, BV)
     y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
                 mask=(rows < t_hi)[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
@@ -199,8 +150,7 @@ def _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV: tl.constexpr, BV: t
 
 @triton.jit
 def _wave_bwd_kernel(
-    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END,
-    T, H, BH, n_chunks, qk_scale,
+    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END, T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
@@ -235,8 +185,7 @@ def _wave_bwd_kernel(
     # built first and parked in scratch memory: the key loop needs the registers
     store_unit_lower_inverse(inv_base, -p_cc * beta[:, None], BT, LOG2_BT, INV_PREC)
     tl.debug_barrier()
-    # Everything that does not wait for later chunks goes into the accumulator first: the source and,
-    # for w = q, the α-weighted part of dO that reaches U through (P U) of this chunk (see ``solve.py``).
+    # First what waits for no later chunk: the source and, for w = q, P_ccᵀ (α dO)_c (see ``solve.py``).
     src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
     if HAS_ALPHA:
         alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
@@ -250,49 +199,35 @@ def _wave_bwd_kernel(
     if c + DEFER + 1 <= j_last:
         _wait_for(flags, c + DEFER + 1)
     for j in range(c + DEFER + 1, j_last + 1):  # long-solved later chunks
-        pt = _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                              D, BD, BT, VARLEN, DOT_PREC)
-        acc = _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV, BV, BT, DOT_PREC)
+        acc = _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi,
+                               qk_scale, D, DV, BD, BV, BT, False, VARLEN, DOT_PREC)
     inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
     for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
         j = c + DEFER - i
         if j <= j_last:
-            pt = _key_chunk_probs(kt, cols, X, LSE, DOC_START, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                                  D, BD, BT, VARLEN, DOT_PREC)
-            _wait_for(flags, j)
-            acc = _add_row_cotangents(acc, pt, Y, T, H, b, h, j, t_hi, DV, BV, BT, DOT_PREC)
+            acc = _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi,
+                                   qk_scale, D, DV, BD, BV, BT, True, VARLEN, DOT_PREC)
     g_c = tl.dot(tl.trans(inv), acc, input_precision=INV_PREC)
-    if HAS_ALPHA:  # noqa: SIM108 (alpha exists only in this branch of the compile-time switch)
-        y_c = alpha[:, None] * src - beta[:, None] * g_c
-    else:
-        y_c = -beta[:, None] * g_c
+    y_c = alpha[:, None] * src - beta[:, None] * g_c if HAS_ALPHA else -beta[:, None] * g_c
     tl.store(Y + gy_ptrs, y_c, mask=gy_mask)
     _raise_flag(flags, c)  # earlier chunks read Y only; G follows off the chain
     tl.store(G + gy_ptrs, g_c, mask=gy_mask)
 
 
-def superblock_flags(batch_heads: int, seq_len: int, chunk: int, superblock: int,
-                     device: torch.device) -> torch.Tensor:
-    """Zeroed int32: one flag per (b, h, chunk), then one ticket counter per superblock."""
-    n_chunks = cdiv(seq_len, chunk)
-    return torch.zeros(batch_heads * n_chunks + cdiv(seq_len, superblock), device=device,
-                       dtype=torch.int32)
-
-
 def superblock_wave_solve(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
-    partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, *, row_lo: int,
-    row_hi: int, superblock: int, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int,
-    num_stages: int,
+    partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, row_lo: int,
+    row_hi: int, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """Rows [row_lo, row_hi) of U, P·U and (w = q) o, from the normalisers, the sums over earlier
-    superblocks (``partial``) and the inverses the preparation launch left; ``flags`` comes from
-    ``superblock_flags`` (one buffer for all superblocks of a forward)."""
+    """Rows [row_lo, row_hi) of U, P·U and (w = q) o from what the preparation launch left. ``flags``:
+    zeroed int32, a flag per (b, h, chunk), then a ticket counter per superblock."""
     B, T, H, D = x.shape
     DV = v.shape[-1]
+    chunk = cfg.chunk
     n_chunks = cdiv(T, chunk)
-    counter = flags[B * H * n_chunks + row_lo // superblock:]
+    counter = flags[B * H * n_chunks + row_lo // cfg.superblock:]
+    warps, stages = cfg.wave_forward_launch
     launch(
         _superblock_wave_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
         x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
@@ -300,23 +235,23 @@ def superblock_wave_solve(
         scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
-        DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps, num_stages=num_stages,
+        **precisions(x.dtype), num_warps=warps, num_stages=stages,
     )
 
 
 def wave_backward(
     x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
     y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
-    doc_end: torch.Tensor | None, *, scale: float, chunk: int, dot_prec: str, inv_prec: str, num_warps: int,
-    num_stages: int,
+    doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place. Each program rebuilds
-    its chunk's inverse into a transient buffer."""
+    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
+    chunk = cfg.chunk
     n_chunks = cdiv(T, chunk)
     flags = torch.zeros(B * H * n_chunks + 1, device=x.device, dtype=torch.int32)  # and a ticket counter
     linv = new_buffer((B * H, n_chunks, chunk, chunk), device=x.device, dtype=torch.float32)
+    warps, stages = cfg.wave_backward_launch
     launch(
         _wave_bwd_kernel, (n_chunks * B * H,),
         x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
@@ -324,6 +259,5 @@ def wave_backward(
         T, H, B * H, n_chunks, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
         LOG2_BT=chunk.bit_length() - 1, DEFER=WAVE_DEFER, HAS_ALPHA=alpha is not None,
-        VARLEN=doc_start is not None, DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=num_warps,
-        num_stages=num_stages,
+        VARLEN=doc_start is not None, **precisions(x.dtype), num_warps=warps, num_stages=stages,
     )

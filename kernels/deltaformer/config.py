@@ -32,13 +32,14 @@ class LaunchConfig:
     value_block: int  # value columns per program of the superblock backward solve
 
 
-def launch_config(head_dim: int, value_dim: int, seq_len: int) -> LaunchConfig:
-    """The table's row for these sizes; cached, since the host time of a call matters at small shapes."""
-    return _config(head_dim, value_dim, seq_len, interpreting())
+def launch_config(head_dim: int, value_dim: int, seq_len: int, fp32: bool = False) -> LaunchConfig:
+    """The table's row for these sizes and input precision; cached, since the host time of a call matters at
+    small shapes."""
+    return _config(head_dim, value_dim, seq_len, fp32, interpreting())
 
 
 @functools.lru_cache(maxsize=256)
-def _config(head_dim: int, value_dim: int, seq_len: int, cpu_interpreter: bool) -> LaunchConfig:
+def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpreter: bool) -> LaunchConfig:
     width = max(head_dim, value_dim)
     if width > MAX_HEAD_DIM:
         raise ValueError(f"DeltaFormer kernels: D, Dv <= {MAX_HEAD_DIM}, got {head_dim}, {value_dim}")
@@ -58,7 +59,9 @@ def _config(head_dim: int, value_dim: int, seq_len: int, cpu_interpreter: bool) 
         backward_superblock=backward_superblock,
         # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
         wave_backward=small,
-        tiles=(64, 64, 4, 3) if small else (128, 64, 8, 3),
+        # fp32 inputs above 64 columns: tf32x3 products hold both splits of both operands in shared memory,
+        # which at 64-key tiles needs twice the SM's 227 KB
+        tiles=(64, 64, 4, 3) if small else (32, 32, 4, 2) if fp32 else (128, 64, 8, 3),
         prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were slower at both widths
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,

@@ -105,7 +105,7 @@ def _forward_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """o, U, P·U, lse1 and lse2: the body of the forward op."""
     T, D = q.shape[1], q.shape[3]
-    cfg = launch_config(D, v.shape[-1], T)
+    cfg = launch_config(D, v.shape[-1], T, q.dtype == torch.float32)
     doc_start = None if cu_seqlens is None else document_tables(cu_seqlens, T)[0]
     q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
     o, u, pu, lse1, lse2 = forward_pass(q32, k32, v32, beta32, w32, doc_start, scale, cfg)
@@ -119,7 +119,7 @@ def _backward_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
     T, D = q.shape[1], q.shape[3]
-    cfg = launch_config(D, v.shape[-1], T)
+    cfg = launch_config(D, v.shape[-1], T, q.dtype == torch.float32)
     doc_start, doc_end = (None, None) if cu_seqlens is None else document_tables(cu_seqlens, T)
     do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
     dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,

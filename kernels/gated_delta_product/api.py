@@ -14,6 +14,9 @@ from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# fp32 inputs on a GPU: n_h <= 4 (64-step chunks). At n_h >= 5 the 128-step transform's fp32-grade (tf32x3)
+# products need more shared memory than an SM has; tf32 there would be tf32-grade, so the kernels refuse.
+MAX_FP32_HOUSEHOLDER = 4
 GATE_DTYPES = (*KERNEL_DTYPES, torch.float64)
 Tensor = torch.Tensor
 
@@ -28,6 +31,9 @@ def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     check_tensor("beta", beta, 3, "[B, T*num_householder, H]", dtypes=GATE_DTYPES)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if q.is_cuda and q.dtype == torch.float32 and n_h > MAX_FP32_HOUSEHOLDER:
+        raise ValueError(f"num_householder={n_h} with float32 inputs: the Triton kernels take float32 only "
+                         f"up to n_h = {MAX_FP32_HOUSEHOLDER} (use bf16/fp16 inputs or backend='torch')")
     B, T, H, K = q.shape
     V = v.shape[-1]
     if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:

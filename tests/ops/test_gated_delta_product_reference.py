@@ -364,3 +364,9 @@ def test_backend_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api, "_load_triton_kernel", missing_kernel)
     with pytest.raises(RuntimeError, match="backend='triton' needs titan_delta_kernels"):
         gated_delta_product(**x, num_householder=2, backend="triton")
+
+
+def test_auto_fp32_householder_limit_is_the_kernels():
+    """"auto" must not send fp32 inputs to a kernel that refuses them (the ops import no kernel eagerly)."""
+    kernels_api = pytest.importorskip("titan_delta_kernels.gated_delta_product.api")
+    assert api.MAX_FP32_HOUSEHOLDER == kernels_api.MAX_FP32_HOUSEHOLDER

@@ -7,6 +7,8 @@ table. GPU (``gpu`` marker): the inverse launch in bf16 against fp64.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,6 +119,10 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     mid = config.launch_config(96, 96, 2048)
     assert (mid.superblock, mid.backward_superblock, mid.value_block) == (1024, 512, 64)
     assert mid.tiles == large.tiles
+    # fp32 inputs above 64 columns: smaller row/key tiles (tf32x3 operands in shared memory), nothing else
+    fp32 = config.launch_config(128, 128, 8192, fp32=True)
+    assert fp32.tiles == (32, 32, 4, 2) and fp32 == dataclasses.replace(large, tiles=fp32.tiles)
+    assert config.launch_config(64, 64, 2048, fp32=True) == small
     assert config.launch_config(128, 32, 100).value_block == 32
     with pytest.raises(ValueError, match="<= 128"):
         config.launch_config(256, 64, 100)

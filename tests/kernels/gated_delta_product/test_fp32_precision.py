@@ -40,7 +40,7 @@ FP32_CASES = [
     (2, 2, 301, 4, 64, 64, False),
     (3, 2, 177, 4, 128, 128, True),
     (4, 2, 99, 4, 64, 64, True),
-    (5, 1, 130, 4, 64, 64, True),
+    (4, 1, 130, 4, 128, 128, True),
     (2, 2, 150, 4, 96, 80, True),
 ]
 
@@ -58,3 +58,10 @@ def test_gpu_fp32_varlen_at_1e4(n_h):
     cu = torch.tensor([0, 63, 64, 300, 301, 555], dtype=torch.int32, device="cuda")
     inputs = make_inputs(1, 555, 4, 128, 128, n_h, num_seqs=5, device="cuda")
     check_against_reference(inputs, n_h, cu, *FP32_GPU_TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_refuses_more_than_four_householder_steps():
+    inputs = make_inputs(1, 40, 2, 64, 64, 5, gated=True, device="cuda")
+    with pytest.raises(ValueError, match="num_householder=5 with float32 inputs"):
+        check_against_reference(inputs, 5, None, *FP32_GPU_TOL)

@@ -23,6 +23,7 @@ def _load_triton_kernel():
 # n_h range it compiles for. Anything else runs the reference rather than an unverified or refused launch.
 AUTO_KERNEL_HEAD_DIMS = (64, 128)
 AUTO_KERNEL_MAX_HOUSEHOLDER = 8
+MAX_FP32_HOUSEHOLDER = 4  # the kernels' fp32 limit (titan_delta_kernels.gated_delta_product.api)
 # Wider value heads (e.g. V = 2K, as in the 340M flavors) run as V / piece kernel launches: every value
 # column of the state evolves independently given k, β and g, so splitting V is exact.
 MAX_VALUE_DIM = 1024
@@ -45,6 +46,7 @@ def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, num_householder: int)
         and q.shape[-1] in AUTO_KERNEL_HEAD_DIMS
         and value_piece(v.shape[-1]) is not None
         and num_householder <= AUTO_KERNEL_MAX_HOUSEHOLDER
+        and (q.dtype != torch.float32 or num_householder <= MAX_FP32_HOUSEHOLDER)
     )
 
 

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", default=["deltaformer", "gated_delta_product"])
     parser.add_argument("--dims", nargs="+", type=int, default=[64, 96, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
     parser.add_argument("--case", nargs=3, metavar=("OP", "DIM", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                             cmd, env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT_S
                         )
                     except subprocess.TimeoutExpired:
-                        print(f"| {op} | {dim} | {dtype} | > {CASE_TIMEOUT_S} (timed out) | |", flush=True)
+                        print(f"| {op} | {dim} | {dtype} | > {args.case_timeout:.0f} (timed out) | |", flush=True)
                         status = 1
                         continue
                 if proc.returncode != 0:

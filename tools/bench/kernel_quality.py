@@ -71,7 +71,10 @@ def _run(op: str, inputs: dict, dtype, backend: str):
         )  # fmt: skip
         outs = [o, state]
     torch.manual_seed(1)
-    loss = sum((out.double() * torch.randn_like(out, dtype=torch.float64)).sum() for out in outs)
+    # torch.randn over the shape, not randn_like: that keeps the output's strides, which differ by backend
+    loss = sum(
+        (out.double() * torch.randn(out.shape, dtype=torch.float64, device=out.device)).sum() for out in outs
+    )
     loss.backward()
     return outs, {name: x.grad for name, x in leaves.items()}
 
@@ -133,10 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [sys.executable, __file__, "--case", op, str(dim), dtype]
                     try:
                         proc = subprocess.run(
-                            cmd, env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT_S
+                            cmd, env=env, capture_output=True, text=True, timeout=args.case_timeout
                         )
                     except subprocess.TimeoutExpired:
-                        print(f"| {op} | {dim} | {dtype} | > {args.case_timeout:.0f} (timed out) | |", flush=True)
+                        print(
+                            f"| {op} | {dim} | {dtype} | > {args.case_timeout:.0f} (timed out) | |",
+                            flush=True,
+                        )
                         status = 1
                         continue
                 if proc.returncode != 0:

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer.helpers import DEBUG_CONFIG, parsed_debug_config
 from titan_delta.train import EXIT_CONFIG_ERROR, build_args, main
@@ -71,12 +72,19 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
         (["--nan_policy.max_skipped_steps", "-2"], "[nan_policy] max_skipped_steps = -2"),
         (["--data.lanes", "0"], "data.lanes must be >= 1"),
         (["--validation.enable"], "[validation] dataset_path is not set"),
+        (["--profiling.enable_profiling", "--profiling.profile_freq", "3"], "[profiling] profile_freq = 3"),
     ],
 )  # fmt: skip
 def test_bad_values_after_parsing(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_job_config(parsed_debug_config(*overrides), registered_families())
     assert message in str(err.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is")
+def test_profiling_without_a_gpu_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="profiler needs a CUDA"):
+        check_job_config(parsed_debug_config("--profiling.enable_profiling"), registered_families())
 
 
 def test_main_exits_with_config_error_code(tmp_path: Path) -> None:

@@ -142,6 +142,23 @@ def _check_validation(v: Any) -> None:
     )
 
 
+def _check_profiling(p: Any) -> None:
+    if not p.enable_profiling:
+        return
+    _require(
+        p.profile_freq >= p.profiler_warmup + p.profiler_active,
+        f"[profiling] profile_freq = {p.profile_freq}: expected >= profiler_warmup + profiler_active "
+        f"= {p.profiler_warmup + p.profiler_active}",
+    )
+    import torch
+
+    # torchtitan 0.2.2 asks the profiler for CPU and CUDA (or XPU) activities and fails without either
+    _require(
+        torch.cuda.is_available() or torch.xpu.is_available(),
+        "[profiling] enable_profiling = true: torchtitan's profiler needs a CUDA (or XPU) device; none here",
+    )
+
+
 def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]]) -> None:
     """Semantic checks of a parsed JobConfig; ``families`` maps each registered model name to its flavors."""
     # Imported here: these modules import torchtitan components that are heavier than the checks.
@@ -169,6 +186,7 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     _require(gbs == -1 or gbs >= 1, f"[training] global_batch_size = {gbs}: expected -1 (auto) or >= 1")
     _require(training.max_norm > 0, f"[training] max_norm = {training.max_norm}: expected > 0")
     _check_validation(job_config.validation)
+    _check_profiling(job_config.profiling)
     if hasattr(job_config, "eval"):
         try:
             job_config.eval.validate()

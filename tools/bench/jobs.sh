@@ -14,7 +14,7 @@
 #   cmd:NAME                runs `bash -c "$JOB_NAME"` (an arbitrary command, e.g. a bench invocation);
 #                           files it writes under $JOB_DIR come back in the archive
 # Environment: LIMIT (seconds per job, default 540; a suite's BUDGET is LIMIT - 20), and whatever the job's
-# own script reads (DF_*, GDP_LIMITS, TITAN_DELTA_*_VARIANT, SEEDS ...), passed through.
+# own script reads (DF_*, GDP_LIMITS, SEEDS ...), passed through.
 # Output: OUT_DIR/summary.txt (each job's exit status and the last lines of its log) and OUT_DIR/jobs.tar.gz
 # (everything every job wrote, one folder per job): two files, as the device tool returns at most eight.
 set -uo pipefail

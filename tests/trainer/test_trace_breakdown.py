@@ -48,3 +48,47 @@ def test_a_trace_without_a_profiled_step_is_one_clear_error(tmp_path: Path) -> N
         proc.stderr.strip() == f"trace_breakdown.py: {trace}: no ProfilerStep# span in the trace (was it "
         "written by the trainer's profiler?)"
     )
+
+
+def test_components_split_kernel_time_by_model_part(tmp_path: Path) -> None:
+    ms = 1000.0
+
+    def launched(name: str, ts: float, dur: float, ext: int) -> dict:
+        return {**_event(name, "kernel", ts, dur), "args": {"External id": ext}}
+
+    def op(name: str, ext: int, dims: list[list[int]]) -> dict:
+        return {**_event(name, "cpu_op", 0, 1), "args": {"External id": ext, "Input Dims": dims}}
+
+    events = [
+        _event("ProfilerStep#3", "cpu_op", 0, 100 * ms),
+        op("aten::mm", 1, [[4096, 1024], [1024, 2816]]),  # MLP up
+        op("aten::mm", 2, [[4096, 1024], [1024, 16384]]),  # LM head
+        op("aten::mm", 3, [[4096, 1024], [1024, 3072]]),  # q/k/v projection
+        launched("nvjet_tst_128x256_h_bz_coopA_NTT", 0, 10 * ms, 1),
+        launched("sm90_xmma_gemm_bf16bf16_bf16f32", 10 * ms, 20 * ms, 2),
+        launched("nvjet_tst_64x8_h_bz_TNT", 30 * ms, 5 * ms, 3),
+        launched("_superblock_wave_kernel", 35 * ms, 15 * ms, 4),
+        launched("triton_red_fused__log_softmax_nll_loss_forward_3", 50 * ms, 4 * ms, 5),
+        launched("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_1", 54 * ms, 6 * ms, 6),
+        launched("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", 60 * ms,
+                 8 * ms, 7),
+        launched("sm90_xmma_fprop_implicit_gemm_conv1d", 68 * ms, 2 * ms, 8),
+    ]
+    trace = tmp_path / "rank0_trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    out = subprocess.run(
+        [sys.executable, str(TOOL), str(trace), "--components", "2816,16384"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    row = out.strip().splitlines()[-1]
+    cells = [c.strip().split(" ms")[0] for c in row.strip("|").split("|")][1:]
+    # mixer op, projections, MLP, LM head, conv, loss, optimizer, elementwise, other, idle (30 ms)
+    assert cells == ["15.0", "5.0", "10.0", "20.0", "2.0", "4.0", "8.0", "6.0", "0.0", "30.0"], out
+
+
+def test_components_wants_two_sizes(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    proc = subprocess.run([sys.executable, str(TOOL), str(trace), "--components", "2816"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--components: expected FFN_HIDDEN,VOCAB" in proc.stderr

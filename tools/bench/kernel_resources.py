@@ -22,9 +22,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TITAN_DELTA_TRITON_LAUNCH"] = "jit"  # Triton's own path: it compiles on every new key
+# an empty cache, so every kernel compiles and its compile time is the cold one a user meets first
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel_resources_")
 
 import torch
 import triton
@@ -53,7 +56,7 @@ class _OfflineDriver:
         return torch.device("cpu")
 
 
-_SEEN: list[tuple[str, dict, CompiledKernel]] = []
+_SEEN: list[tuple[str, dict, CompiledKernel, float]] = []
 
 
 def _install(target: GPUTarget) -> None:
@@ -61,12 +64,14 @@ def _install(target: GPUTarget) -> None:
     original = JITFunction._do_compile
 
     def record(self, key, signature, device, constexprs, options, attrs, warmup):
+        start = time.perf_counter()
         kernel = original(self, key, signature, device, constexprs, options, attrs, warmup)
+        seconds = time.perf_counter() - start
         shown = {self.arg_names[p[0]]: v for p, v in constexprs.items() if len(p) == 1}
         shown.update(num_warps=options.num_warps, num_stages=options.num_stages)
         if getattr(options, "maxnreg", None):
             shown["maxnreg"] = options.maxnreg
-        _SEEN.append((self.fn.__name__, shown, kernel))
+        _SEEN.append((self.fn.__name__, shown, kernel, seconds))
         return kernel
 
     JITFunction._do_compile = record
@@ -163,15 +168,17 @@ def main() -> None:
     else:
         _gdp(args.shape, args.nh, dtype, not args.forward_only)
     seen = set()
-    for name, constexprs, kernel in _SEEN:
+    for name, constexprs, kernel, seconds in _SEEN:
         key = (name, tuple(sorted(constexprs.items())))
         if key in seen:
             continue
         seen.add(key)
         flags = " ".join(f"{k}={v}" for k, v in constexprs.items() if not isinstance(v, str) or len(v) < 12)
-        print(f"{name:28s} {_usage(kernel, cuobjdump)}\n    {flags}", flush=True)
+        print(f"{name:28s} {_usage(kernel, cuobjdump)} compile {seconds:5.1f} s\n    {flags}", flush=True)
         if args.dump:
             _dump(kernel, os.path.join(args.dump, f"{name}_{len(seen)}"), cuobjdump)
+    print(f"compile total {sum(s for *_, s in _SEEN):.1f} s over {len(_SEEN)} kernels "
+          f"(this CPU, one thread; Triton's whole path: frontend, LLVM, ptxas)", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ traces. Per trace, over the profiled step (the ``ProfilerStep#`` span on the hos
 - host syncs: calls that block the host on the GPU (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
   ``cudaEventSynchronize``, synchronous ``cudaMemcpy``), how many and how long they blocked;
 - the largest kernel groups by GPU time (GEMMs, NCCL, Triton kernels by name, elementwise ...).
+
+With ``--components FFN_HIDDEN,VOCAB`` (the model's SwiGLU width and vocabulary, e.g. ``2816,16384`` at
+340M) it also splits the step's kernel time by model component: the mixer op (this project's Triton
+kernels, flash/cuDNN/flex attention), GEMMs by their operand sizes (read from the launching ``aten::mm``
+and the like, so the trace needs ``record_shapes``, which the trainer's profiler sets: a size equal to
+VOCAB is the LM head, one equal to FFN_HIDDEN the MLP, the rest the mixer's projections), convolutions,
+the loss, the optimizer, and the remaining fused elementwise/reduction kernels (norms, gates,
+activations, RoPE). GEMM time is per kernel, so sizes must not collide (the flavors' widths do not).
 """
 
 from __future__ import annotations
@@ -81,7 +89,51 @@ def kernel_group(name: str) -> str:
     return name[:60]
 
 
-def breakdown(trace: dict) -> dict:
+def is_project_kernel(name: str) -> bool:
+    """This project's Triton kernels (``kernels/``): plain function names ending in ``_kernel``."""
+    return not name.startswith("triton_") and re.fullmatch(r"_?[a-z0-9_]+_kernel", name) is not None
+
+
+COMPONENTS = ("mixer op", "mixer projections", "MLP", "LM head", "conv", "loss", "optimizer",
+              "elementwise/norms/gates", "other")  # fmt: skip
+
+
+def component(name: str, dims: list[int], ffn_hidden: int, vocab: int) -> str:
+    """The model component a kernel belongs to, from its name and its launching op's operand sizes."""
+    lowered = name.lower()
+    if is_project_kernel(name) or "flash" in lowered or "fmha" in lowered or "flex_attention" in lowered:
+        return "mixer op"
+    if any(t in lowered for t in ("adam", "multi_tensor_apply", "foreach")):
+        return "optimizer"
+    if any(t in lowered for t in ("conv", "fprop", "dgrad", "wgrad")):  # cuDNN's are implicit GEMMs
+        return "conv"
+    if any(t in lowered for t in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_")):
+        if vocab in dims:
+            return "LM head"
+        return "MLP" if ffn_hidden in dims else "mixer projections"
+    if any(t in lowered for t in ("nll_loss", "log_softmax", "cross_entropy", "logsumexp")):
+        return "loss"
+    if name.startswith("triton_") or any(t in lowered for t in ("elementwise", "vectorized", "reduce")):
+        return "elementwise/norms/gates"
+    return "other"
+
+
+def _operand_sizes(events: list[dict]) -> dict[int, list[int]]:
+    """External id of each host op -> every size in its input shapes (``record_shapes``)."""
+    sizes: dict[int, list[int]] = {}
+    for e in events:
+        if e.get("cat") != "cpu_op":
+            continue
+        args = e.get("args", {})
+        ext, shapes = args.get("External id"), args.get("Input Dims")
+        if ext is None or not shapes:
+            continue
+        flat = [d for shape in shapes if isinstance(shape, list) for d in shape if isinstance(d, int)]
+        sizes.setdefault(ext, []).extend(flat)
+    return sizes
+
+
+def breakdown(trace: dict, components: tuple[int, int] | None = None) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
@@ -91,6 +143,9 @@ def breakdown(trace: dict) -> dict:
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     spans = {"all": [], "compute": [], "collective": []}
     groups: dict[str, float] = defaultdict(float)
+    parts: dict[str, float] = defaultdict(float)
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # name -> [launches, total us]
+    sizes = _operand_sizes(events) if components else {}
     for e in gpu:
         interval = (e["ts"], e["ts"] + e["dur"])
         if not clip([interval], lo, hi):
@@ -100,6 +155,11 @@ def breakdown(trace: dict) -> dict:
             collective = is_collective(e["name"])
             spans["collective" if collective else "compute"].append(interval)
             groups[kernel_group(e["name"])] += e["dur"]
+            kernels[e["name"]][0] += 1
+            kernels[e["name"]][1] += e["dur"]
+            if components and not collective:
+                dims = sizes.get(e.get("args", {}).get("External id"), [])
+                parts[component(e["name"], dims, *components)] += e["dur"]
     busy, compute, comm = (union(clip(spans[k], lo, hi)) for k in ("all", "compute", "collective"))
     syncs = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in SYNC_CALLS
              and lo <= e["ts"] <= hi]  # fmt: skip
@@ -113,6 +173,8 @@ def breakdown(trace: dict) -> dict:
         "host_syncs": len(syncs),
         "host_sync_ms": sum(e["dur"] for e in syncs) / 1e3,
         "groups_ms": {k: v / 1e3 for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "components_ms": {k: parts[k] / 1e3 for k in COMPONENTS if k in parts},
+        "kernels": sorted(((n, c, us / 1e3) for n, (c, us) in kernels.items()), key=lambda r: -r[2]),
     }
 
 
@@ -126,11 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=8, help="kernel groups listed per trace")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also list the N kernels with the most GPU time per trace (launches, ms)")
+    parser.add_argument("--components", default="", metavar="FFN_HIDDEN,VOCAB",
+                        help="also split kernel time by model component (module docstring)")
     args = parser.parse_args(argv)
+    components = None
+    if args.components:
+        try:
+            ffn_hidden, vocab = (int(x) for x in args.components.split(","))
+        except ValueError:
+            print(f"trace_breakdown.py: --components: expected FFN_HIDDEN,VOCAB such as 2816,16384, got "
+                  f"{args.components!r}", file=sys.stderr)
+            return 2
+        components = (ffn_hidden, vocab)
     rows = []
     for path in args.traces:
         try:
-            rows.append((path, breakdown(json.loads(path.read_text()))))
+            rows.append((path, breakdown(json.loads(path.read_text()), components)))
         except (OSError, ValueError) as err:
             print(f"trace_breakdown.py: {path}: {err}", file=sys.stderr)
             return 2
@@ -142,6 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     for path, r in rows:
         top = list(r["groups_ms"].items())[: args.top]
         print(f"\n{path}: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in top))
+    for path, r in rows if args.kernels else ():
+        print(f"\n{path}: the {args.kernels} kernels with the most GPU time")
+        for name, count, ms in r["kernels"][: args.kernels]:
+            print(f"  {ms:8.2f} ms {count:5d}x  {name[:150]}")
+    if components:
+        print("\n| trace | " + " | ".join(COMPONENTS) + " | GPU idle |")
+        print("|---" * (len(COMPONENTS) + 2) + "|")
+        for path, r in rows:
+            total = sum(r["components_ms"].values()) + r["gpu_idle_ms"]
+            cells = [r["components_ms"].get(k, 0.0) for k in COMPONENTS] + [r["gpu_idle_ms"]]
+            shares = " | ".join(f"{ms:.1f} ms ({100 * ms / total:.0f} %)" for ms in cells)
+            print(f"| {path} | {shares} |")
     return 0
 
 

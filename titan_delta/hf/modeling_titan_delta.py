@@ -61,6 +61,7 @@ class TitanDeltaForCausalLM(TitanDeltaPreTrainedModel, GenerationMixin):
         lm = TitanDeltaLM(ModelArgs(**config.model_args))
         self.model_args = lm.model_args
         self.attn_windows = lm.attn_windows
+        self._rotary_modules = lm._rotary_modules
         self.tok_embeddings, self.layers, self.norm, self.output = (
             lm.tok_embeddings,
             lm.layers,

@@ -36,6 +36,8 @@ class MixerContext:
     positions: [B', T'] RoPE position ids (restarting per document unless the caller gave its own). Kept
         as integers so mixed-precision input casting never rounds rotary angles; each RoPE mixer turns
         them into cos/sin for its own head dim.
+    rotary: (cos, sin) of ``positions`` per (head_dim, theta) of the layers' RoPE, computed once per
+        forward by the model (``components.rope`` says why); a mixer called without it computes its own.
     attn_masks: per attention window (None = full causal) the mask object the attention backend consumes
         (a FlexAttention BlockMask, a dense bool mask, or None for plain causal SDPA).
     cache: decoding state (see ``titan_delta.models.decoding``); each block hands its layer's entry to its
@@ -45,5 +47,6 @@ class MixerContext:
     cu_seqlens: torch.Tensor | None = None
     seq_pos: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    rotary: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     attn_masks: dict[int | None, Any] = field(default_factory=dict)
     cache: Any = None  # a titan_delta.models.cache.ModelCache during incremental decoding, else None

@@ -11,6 +11,7 @@ from torchtitan.protocols.model import ModelProtocol
 from titan_delta.models.args import ModelArgs
 from titan_delta.models.block import DecoderBlock
 from titan_delta.models.components.norms import RMSNorm
+from titan_delta.models.components.rope import rotary_tables
 from titan_delta.models.context import MixerContext, document_ids, positions_in_documents
 from titan_delta.models.mixers.attention import SoftmaxAttention
 from titan_delta.models.mixers.attention_masks import build_attention_masks
@@ -44,6 +45,8 @@ class TitanDeltaLM(ModelProtocol):
             self.output.weight = self.tok_embeddings.weight
         mixers = [block.mixer for block in self.layers.values()]
         self.attn_windows = {m.window for m in mixers if isinstance(m, SoftmaxAttention)}
+        # a plain list, not registered: the modules already belong to their mixers
+        self._rotary_modules = [m.rope for m in mixers if getattr(m, "rope", None) is not None]
         self.init_weights()
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
@@ -108,6 +111,7 @@ class TitanDeltaLM(ModelProtocol):
             cu_seqlens=cu_seqlens,
             seq_pos=seq_pos,
             positions=positions,
+            rotary=rotary_tables(self._rotary_modules, positions),
             attn_masks={}
             if cache is not None  # each attention cache masks its own keys
             else build_attention_masks(

@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from titan_delta.models.components.rope import RotaryEmbedding, apply_rotary
+from titan_delta.models.context import MixerContext
 
 
 def project_qkv(
     x: torch.Tensor,
-    positions: torch.Tensor | None,
+    ctx: MixerContext,
     *,
     wq: nn.Linear,
     wk: nn.Linear,
@@ -28,7 +29,8 @@ def project_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [B,T,dim] → q [B,T,n_heads,head_dim], k and v [B,T,n_kv_heads,head_dim].
 
-    qk-norm applies when both norms are given; RoPE when ``rope`` and ``positions`` are (NoPE otherwise).
+    qk-norm applies when both norms are given; RoPE when ``rope`` is given and ``ctx`` has positions (NoPE
+    otherwise), with the context's cos/sin table for this head dim and theta when the model made one.
     """
     B, T, _ = x.shape
     q = wq(x).view(B, T, n_heads, head_dim)
@@ -36,7 +38,8 @@ def project_qkv(
     v = wv(x).view(B, T, n_kv_heads, head_dim)
     if q_norm is not None and k_norm is not None:
         q, k = q_norm(q), k_norm(k)
-    if rope is not None and positions is not None:
-        cos, sin = rope(positions)
+    if rope is not None and ctx.positions is not None:
+        table = ctx.rotary.get(rope.key)
+        cos, sin = table if table is not None else rope(ctx.positions)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return q, k, v

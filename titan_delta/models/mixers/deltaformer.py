@@ -79,7 +79,7 @@ class DeltaFormerAttention(nn.Module):
         B, T, _ = x.shape
         c = self.config
         q, k, v = project_qkv(
-            x, ctx.positions, wq=self.wq, wk=self.wk, wv=self.wv,
+            x, ctx, wq=self.wq, wk=self.wk, wv=self.wv,
             n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )  # fmt: skip

@@ -77,9 +77,14 @@ def test_components_split_kernel_time_by_model_part(tmp_path: Path) -> None:
     trace = tmp_path / "rank0_trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
     out = subprocess.run(
-        [sys.executable, str(TOOL), str(trace), "--components", "2816,16384"],
+        [sys.executable, str(TOOL), str(trace), "--components", "2816,16384", "--kernels", "2"],
         capture_output=True, text=True, check=True,
     ).stdout
+    assert "the 2 kernels with the most GPU time" in out
+    listed = [line.split() for line in out.splitlines() if line.startswith("  ") and " ms " in line]
+    assert [(row[0], row[2], row[3]) for row in listed] == [
+        ("20.00", "1x", "sm90_xmma_gemm_bf16bf16_bf16f32"), ("15.00", "1x", "_superblock_wave_kernel")
+    ]
     row = out.strip().splitlines()[-1]
     cells = [c.strip().split(" ms")[0] for c in row.strip("|").split("|")][1:]
     # mixer op, projections, MLP, LM head, conv, loss, optimizer, elementwise, other, idle (30 ms)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU proof of the trainer (issue #4). From the repo root on the GPU machine:
+# GPU proof of the trainer. From the repo root on the GPU machine:
 #
 #   source tools/bench/env.sh && tools/bench/proof_trainer.sh
 #
-# 1. Trains every 340M config for STEPS steps on one GPU with torch.compile (inductor) and full
-#    activation checkpointing, on the embedded corpus (the GPU machine has no network), and prints one
+# 1. Trains every 340M config for STEPS steps on one GPU with torch.compile (inductor) and the activation
+#    checkpointing AC names, on the embedded corpus (the GPU machine has no network), and prints one
 #    Markdown row per model: tokens/s per GPU, TFLOP/s and MFU from the models' real FLOPs, peak memory,
 #    last loss. Throughput is averaged over the log lines after the first WARMUP_LOGS (compilation).
 # 2. If MULTI_GPU > 1 (and that many GPUs exist): the same run of MULTI_FAMILY under FSDP on MULTI_GPU
@@ -15,7 +15,7 @@
 #    (tools/bench/trace_breakdown.py --components); the trace itself is deleted unless KEEP_TRACES=1.
 #
 # Environment: STEPS (200), LOCAL_BATCH (8 sequences), SEQ_LEN (2048 tokens per sequence), FAMILIES (all five when unset; empty = none), LOG_FREQ (10),
-# WARMUP_LOGS (2), AC (full), MULTI_GPU (0 = skip), MULTI_FAMILY (deltaformer), PROFILE_STEP (0 = none),
+# WARMUP_LOGS (2), AC (full; none, selective, or config = the config's own choice), MULTI_GPU (0 = skip), MULTI_FAMILY (deltaformer), PROFILE_STEP (0 = none),
 # KEEP_TRACES (0), TOP_KERNELS (40: kernels listed per profiled step), OUT (outputs/gpu_proof_trainer). Logs of every run stay in $OUT/<run>/train.log.
 set -uo pipefail
 
@@ -38,8 +38,12 @@ overrides() {  # $1 = run folder
   echo --job.dump_folder "$1" --training.steps "$STEPS" --training.local_batch_size "$LOCAL_BATCH" \
     --training.seq_len "$SEQ_LEN" \
     --training.global_batch_size -1 --lr_scheduler.warmup_steps 20 --checkpoint.no-enable \
-    --compile.enable --activation_checkpoint.mode "$AC" --metrics.log_freq "$LOG_FREQ" \
+    --compile.enable $(checkpointing) --metrics.log_freq "$LOG_FREQ" \
     --metrics.disable_color_printing --data.sources default --data.num_workers 2
+}
+
+checkpointing() {  # AC=config keeps the config's [activation_checkpoint]
+  [[ "$AC" == config ]] || echo --activation_checkpoint.mode "$AC"
 }
 
 profiling() {  # $1 = number of GPUs: the profiler flags of a 1-GPU run when PROFILE_STEP is set

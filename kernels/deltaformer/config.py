@@ -53,15 +53,33 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
     # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's are twice
     # as long: its solve is a wavefront, and each superblock costs two launches of host time.
     backward_superblock = 256 if seq_len >= 8192 else 512
+    if fp32:
+        # fp32 inputs are the accuracy path, where the first call's compile matters more than speed. Every
+        # product is tf32x3 (an operand split and three MMAs): with the 16-bit launches below the kernels
+        # spill and the set compiles several times longer. 16-row chunks and tiles take warp-level MMAs
+        # (warp-group MMAs need 64 rows) whose loop-invariant operand splits fit in registers; one stage (no
+        # software pipelining) cuts the code again, and the wavefront backward at every width is one kernel
+        # where the superblock backward compiles four.
+        return LaunchConfig(
+            chunk=16,
+            superblock=2 * backward_superblock,
+            backward_superblock=backward_superblock,
+            wave_backward=True,
+            tiles=(16, 32, 4, 1),
+            prep=(16, 32, 8, 1),  # 8 warps: no spill where 4 spill with the sums over earlier superblocks
+            prep_registers=0,
+            wave_forward_launch=(8, 1),  # 8 warps: no spill at D = 128, where 4 spill
+            wave_backward_launch=(8, 1),
+            solve_launch=(4, 1),  # unused (wavefront backward); kept valid should a width take superblocks
+            value_block=value_block,
+        )
     return LaunchConfig(
         chunk=64,
         superblock=2 * backward_superblock,
         backward_superblock=backward_superblock,
         # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
         wave_backward=small,
-        # fp32 inputs above 64 columns: tf32x3 products hold both splits of both operands in shared memory,
-        # which at 64-key tiles needs twice the SM's 227 KB
-        tiles=(64, 64, 4, 3) if small else (32, 32, 4, 2) if fp32 else (128, 64, 8, 3),
+        tiles=(64, 64, 4, 3) if small else (128, 64, 8, 3),
         prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were slower at both widths
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,

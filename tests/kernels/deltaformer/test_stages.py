@@ -2,7 +2,8 @@
 
 CPU (CI): the separate inverse launch against ``torch.linalg.inv`` in fp64 (last partial chunk, packed
 documents, both operand paths of the doubling); which solve each width runs; the GPU rows of the launch
-table. GPU (``gpu`` marker): the inverse launch in bf16 against fp64.
+table, the invariants the kernels rely on, and the fp32 GPU rows run in the interpreter against the fp64
+oracle. GPU (``gpu`` marker): the inverse launch in bf16 against fp64.
 """
 
 from __future__ import annotations
@@ -119,13 +120,80 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     mid = config.launch_config(96, 96, 2048)
     assert (mid.superblock, mid.backward_superblock, mid.value_block) == (1024, 512, 64)
     assert mid.tiles == large.tiles
-    # fp32 inputs above 64 columns: smaller row/key tiles (tf32x3 operands in shared memory), nothing else
+    # fp32 inputs, every width: 16-row chunks and tiles, no pipelining, the wavefront backward
     fp32 = config.launch_config(128, 128, 8192, fp32=True)
-    assert fp32.tiles == (32, 32, 4, 2) and fp32 == dataclasses.replace(large, tiles=fp32.tiles)
-    assert config.launch_config(64, 64, 2048, fp32=True) == small
+    assert (fp32.chunk, fp32.superblock, fp32.backward_superblock, fp32.wave_backward) == (16, 512, 256, True)
+    assert (fp32.tiles, fp32.prep, fp32.prep_registers) == ((16, 32, 4, 1), (16, 32, 8, 1), 0)
+    assert (fp32.wave_forward_launch, fp32.wave_backward_launch) == ((8, 1), (8, 1))
+    assert config.launch_config(64, 64, 2048, fp32=True) == dataclasses.replace(fp32, superblock=1024,
+                                                                                 backward_superblock=512)
     assert config.launch_config(128, 32, 100).value_block == 32
     with pytest.raises(ValueError, match="<= 128"):
         config.launch_config(256, 64, 100)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("fp32", [False, True])
+@pytest.mark.parametrize("cpu_interpreter", [False, True])
+def test_launch_rows_hold_the_kernels_invariants(fp32: bool, cpu_interpreter: bool) -> None:
+    """What the kernels assume of every row: superblocks of whole chunks and whole preparation key tiles (the
+    unmasked loops), preparation row tiles of whole chunks (its inverses), power-of-two tiles of at least 16
+    (``tl.dot``), a value slice no wider than the padded value width."""
+    for width in range(16, config.MAX_HEAD_DIM + 1, 8):
+        for dv in (16, width):
+            for seq_len in (1, 100, 2048, 8192, 40000):
+                cfg = config._config(width, dv, seq_len, fp32, cpu_interpreter)
+                rows, keys, warps, stages = cfg.prep
+                assert _power_of_two(cfg.chunk) and cfg.chunk >= 16, cfg
+                assert cfg.superblock % cfg.chunk == 0 and cfg.backward_superblock % cfg.chunk == 0, cfg
+                assert cfg.superblock % keys == 0 and rows % cfg.chunk == 0, cfg
+                for size in (*cfg.tiles[:2], rows, keys, cfg.value_block):
+                    assert _power_of_two(size) and size >= 16, cfg
+                for n_warps, n_stages in (cfg.tiles[2:], (warps, stages), cfg.wave_forward_launch,
+                                          cfg.wave_backward_launch, cfg.solve_launch):
+                    assert n_warps in (1, 2, 4, 8) and n_stages >= 1, cfg
+                assert cfg.value_block <= max(16, 1 << (dv - 1).bit_length()), cfg
+
+
+FP32_GPU_CASES = {
+    # name: (B, T, H, D, Dv, separate_w, cu_seqlens, superblock or None for the row's own)
+    "ragged": (1, 37, 2, 16, 16, False, None, None),
+    "varlen_w_is_q": (1, 41, 1, 16, 32, False, [0, 17, 18, 41], None),
+    "wide_values_varlen": (1, 101, 1, 16, 80, False, [0, 1, 40, 40, 101], None),
+    "wide_keys_sep_w": (1, 50, 1, 72, 16, True, None, None),
+    # the row's launches with 64-row forward superblocks, so that 140 tokens cross two boundaries
+    "three_superblocks": (1, 130, 2, 16, 16, False, None, 64),
+    "three_superblocks_varlen_sep_w": (1, 140, 1, 16, 32, True, [0, 3, 70, 70, 71, 140], 64),
+    "three_superblocks_wide": (1, 140, 1, 80, 16, False, [0, 50, 140], 64),
+}
+
+
+@pytest.mark.parametrize("case", list(FP32_GPU_CASES))
+def test_fp32_gpu_rows_match_fp64_oracle(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp32 GPU rows (not the interpreter's) run in the interpreter: chunks, tiles and the wavefront
+    backward at every width as an H100 launches them, against the fp64 oracle."""
+    *args, superblock = FP32_GPU_CASES[case]
+    gpu_row = config._config
+
+    def row(head_dim, value_dim, seq_len, fp32, cpu_interpreter):
+        cfg = gpu_row(head_dim, value_dim, seq_len, fp32, False)
+        if fp32 and superblock is not None:
+            cfg = dataclasses.replace(cfg, superblock=superblock)
+        return cfg
+
+    monkeypatch.setattr(config, "_config", row)
+    called: list[str] = []
+    for name in ("wave_backward", "solve_backward"):
+        real = getattr(passes, name)
+        monkeypatch.setattr(passes, name, lambda *a, _real=real, _name=name, **kw: called.append(_name)
+                            or _real(*a, **kw))
+    check_against_oracle(*args)
+    assert called == ["wave_backward"]  # the interpreter's row takes the superblock backward above 64 columns
+    gpu = gpu_row(args[3], args[4], args[1], True, False)
+    assert config.launch_config(args[3], args[4], args[1], fp32=True).prep == gpu.prep != (16, 16, 4, 1)
 
 
 # ----------------------------------------------------------------------------------------------- GPU

@@ -101,7 +101,8 @@ COMPONENTS = ("mixer op", "mixer projections", "MLP", "LM head", "conv", "loss",
 def component(name: str, dims: list[int], ffn_hidden: int, vocab: int) -> str:
     """The model component a kernel belongs to, from its name and its launching op's operand sizes."""
     lowered = name.lower()
-    if is_project_kernel(name) or "flash" in lowered or "fmha" in lowered or "flex_attention" in lowered:
+    attention = ("flash", "fmha", "flex_attention", "sdpa", "cudnn::fusion")  # cuDNN SDPA and its helpers
+    if is_project_kernel(name) or any(t in lowered for t in attention):
         return "mixer op"
     if any(t in lowered for t in ("adam", "multi_tensor_apply", "foreach")):
         return "optimizer"

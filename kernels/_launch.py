@@ -18,11 +18,16 @@ whenever the shortcut could differ from it: under the CPU interpreter, with laun
 (profilers), for kernels with pre-run hooks, before CUDA is initialised, when a runtime argument comes by
 keyword, or with ``TITAN_DELTA_TRITON_LAUNCH=jit`` (read at import; ``set_enabled`` switches it for tests).
 Call sites pass every runtime (non-constexpr) argument positionally and the rest by keyword.
+
+Inside ``recording()`` launches are collected instead of issued (``_precompile`` compiles them all at once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +42,18 @@ except ImportError:  # pragma: no cover - Triton without knobs: hooks cannot be 
     _knobs = None
 
 _ENABLED = native_specialize_impl is not None and os.environ.get("TITAN_DELTA_TRITON_LAUNCH") != "jit"
+_RECORDING = threading.local()  # .launches: this thread's recorded launches while recording()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[Any, tuple, tuple, dict]]]:
+    """Within it, this thread's ``launch`` calls append (kernel, grid, args, kwargs) and launch nothing."""
+    previous = getattr(_RECORDING, "launches", None)
+    _RECORDING.launches = launches = []
+    try:
+        yield launches
+    finally:
+        _RECORDING.launches = previous
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -81,6 +98,10 @@ def _hooks_installed() -> bool:
 
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, through the cache when it is safe (module docstring)."""
+    recorded = getattr(_RECORDING, "launches", None)
+    if recorded is not None:
+        recorded.append((kernel, grid, args, kwargs))
+        return
     if not _ENABLED or not torch.cuda.is_initialized() or _hooks_installed():
         kernel[grid](*args, **kwargs)
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
+from titan_delta_kernels._precompile import precompile
 from titan_delta_kernels.deltaformer._common import KERNEL_DTYPES, document_tables, interpreting
 from titan_delta_kernels.deltaformer.config import MAX_HEAD_DIM, launch_config
 from titan_delta_kernels.deltaformer.passes import backward_pass, forward_pass
@@ -103,9 +104,17 @@ def _forward_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, w: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """o, U, P·U, lse1 and lse2: the body of the forward op."""
+    """o, U, P·U, lse1 and lse2: the body of the forward op. Its first call per kernel set compiles the
+    kernels at once (``_precompile``)."""
     T, D = q.shape[1], q.shape[3]
     cfg = launch_config(D, v.shape[-1], T, q.dtype == torch.float32)
+    key = ("deltaformer", "fwd", cfg, D, v.shape[-1], q.dtype, w is None, cu_seqlens is None)
+    precompile(key, lambda: _forward_pass(q, k, v, beta, w, cu_seqlens, scale, cfg), q.device)
+    return _forward_pass(q, k, v, beta, w, cu_seqlens, scale, cfg)
+
+
+def _forward_pass(q, k, v, beta, w, cu_seqlens, scale, cfg):
+    T = q.shape[1]
     doc_start = None if cu_seqlens is None else document_tables(cu_seqlens, T)[0]
     q32, k32, v32, beta32, w32 = _interpreter_safe(q, k, v, beta, w)
     o, u, pu, lse1, lse2 = forward_pass(q32, k32, v32, beta32, w32, doc_start, scale, cfg)
@@ -117,9 +126,18 @@ def _backward_impl(
     w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, u: torch.Tensor, pu: torch.Tensor,
     o: torch.Tensor, lse1: torch.Tensor, lse2: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op."""
+    """dq, dk, dv, dβ and dw (empty when w is None): the body of the backward op (kernels compiled at once
+    on its first call per kernel set, as the forward's)."""
     T, D = q.shape[1], q.shape[3]
     cfg = launch_config(D, v.shape[-1], T, q.dtype == torch.float32)
+    args = (do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, scale, cfg)
+    key = ("deltaformer", "bwd", cfg, D, v.shape[-1], q.dtype, w is None, cu_seqlens is None)
+    precompile(key, lambda: _backward_pass(*args), q.device)
+    return _backward_pass(*args)
+
+
+def _backward_pass(do, q, k, v, beta, w, cu_seqlens, u, pu, o, lse1, lse2, scale, cfg):
+    T = q.shape[1]
     doc_start, doc_end = (None, None) if cu_seqlens is None else document_tables(cu_seqlens, T)
     do32, q32, k32, v32, beta32, w32, u32, pu32, o32 = _interpreter_safe(do, q, k, v, beta, w, u, pu, o)
     dq, dk, dv, dbeta, dw = backward_pass(do32, q32, k32, v32, beta32, w32, u32, pu32, o32, lse1, lse2,

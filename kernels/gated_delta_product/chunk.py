@@ -7,12 +7,14 @@ Forward: UT transform (``wy_fwd``) -> forward state pass (``state_fwd``: chunk s
 outputs (``output_fwd``). It saves T, W (and W's row scales), the chunk states and δ, so the backward needs
 no sequential forward pass. Backward: local ∂L/∂δ (``dv_local``) -> reverse state pass (``state_bwd``) ->
 per-chunk gradients (``dqkw``, then ``wy_bwd``). Every launch comes from ``launch_table.launch_table``.
+The first forward (and the first backward) of each kind compiles its kernels at once (``_precompile``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from titan_delta_kernels._precompile import precompile
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.grads import dqkw, wy_bwd
 from titan_delta_kernels.gated_delta_product.launch_table import launch_table
@@ -30,6 +32,13 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor 
     return geo, seqs, launch_table(k.shape[-1], v.shape[-1], num_householder, k.dtype, g is not None)
 
 
+def _kernel_set(stage: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None,
+                num_householder: int, *optional: Tensor | None) -> tuple:  # fmt: skip
+    """What selects the kernels (and their constexprs) of one pass, for ``precompile``."""
+    return ("gdp", stage, k.shape[-1], v.shape[-1], num_householder, k.dtype, g is not None,
+            cu_seqlens is not None, *(x is not None for x in optional))  # fmt: skip
+
+
 @torch.library.custom_op("titan_delta::gdp_chunk_fwd", mutates_args=())
 def gdp_chunk_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
@@ -37,6 +46,13 @@ def gdp_chunk_fwd(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Returns (o, final_state fp32, T, W, W's row scales, chunk states, δ); all but the first two serve the
     backward. W's row scales are empty for fp32 inputs (W fp32)."""
+    args = (q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale)
+    key = _kernel_set("fwd", q, k, v, g, cu_seqlens, num_householder, initial_state)
+    precompile(key, lambda: _forward(*args), q.device)
+    return _forward(*args)
+
+
+def _forward(q, k, v, g, beta, initial_state, cu_seqlens, num_householder, scale):
     geo, seqs, cfg = _plan(q, k, v, g, cu_seqlens, num_householder)
     t_inv, w, u, w_scale, u_scale = wy_fwd(k, v, beta, g, geo, seqs, cfg)
     chunk_states, v_new, final_state = state_fwd(k, w, u, w_scale, u_scale, g, initial_state, geo, seqs, cfg)
@@ -65,6 +81,15 @@ def gdp_chunk_bwd(
     v_new: Tensor, num_householder: int, scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Returns (dq, dk, dv, dg — empty when g is None —, dβ, ∂L/∂initial_state fp32)."""
+    args = (d_out, d_final, q, k, v, g, beta, cu_seqlens, t_inv, w, w_scale, chunk_states, v_new,
+            num_householder, scale)  # fmt: skip
+    key = _kernel_set("bwd", q, k, v, g, cu_seqlens, num_householder, d_final)
+    precompile(key, lambda: _backward_body(*args), q.device)
+    return _backward_body(*args)
+
+
+def _backward_body(d_out, d_final, q, k, v, g, beta, cu_seqlens, t_inv, w, w_scale, chunk_states, v_new,
+                   num_householder, scale):  # fmt: skip
     geo, seqs, cfg = _plan(q, k, v, g, cu_seqlens, num_householder)
     d_out = d_out.contiguous()
     d_vlocal = dv_local(q, k, g, d_out, scale, geo, seqs, cfg)

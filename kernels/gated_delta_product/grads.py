@@ -168,7 +168,7 @@ def dqkw(q: Tensor, k: Tensor, g: Tensor | None, v_new: Tensor, chunk_states: Te
                dq, dk_part, dw, dG_step, dG_tok)  # fmt: skip
     launch_stage(dqkw_sliced_kernel, (seqs.grid_chunks, H), tensors, geo, seqs, (H, K, d_delta.shape[-1]), g,
                  tail=(scale,), BKS=cfg.grad_block_k, BV=cfg.grad_block_v, PREC=cfg.dot_precision,
-                 num_stages=cfg.dqkw_stages, **cap)  # fmt: skip
+                 num_stages=cfg.dqkw_stages, num_warps=cfg.grad_warps, **cap)  # fmt: skip
     return dq, dk_part, dw, dG_step, dG_tok
 
 
@@ -186,6 +186,6 @@ def wy_bwd(k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, t_inv: Tensor, 
     kernel = wy_bwd_hoisted_kernel if cfg.wy_bwd_hoisted else wy_bwd_sliced_kernel
     launch_stage(kernel, (seqs.grid_chunks, k.shape[2]), tensors, geo, seqs, (*k.shape[2:], v.shape[-1]), g,
                  BKS=cfg.grad_block_k, BV=cfg.grad_block_v, PREC=cfg.dot_precision,
-                 num_stages=cfg.wy_bwd_stages, SCR=scr.shape[-1])  # fmt: skip
+                 num_stages=cfg.wy_bwd_stages, num_warps=cfg.grad_warps, SCR=scr.shape[-1])  # fmt: skip
     return dk, dv, dg, dbeta
 

@@ -188,4 +188,5 @@ def _launch(kernel, tensors: tuple, q: torch.Tensor, scale: float, g: torch.Tens
     _, _, H, K = q.shape
     V, BV = tensors[-1].shape[-1], cfg.output_block_v
     launch_stage(kernel, (seqs.grid_chunks, H, cdiv(V, BV)), tensors, geo, seqs, (H, K, V), g, tail=(scale,),
-                 BK=max(16, next_power_of_2(K)), BV=BV, PREC=cfg.dot_precision)  # fmt: skip
+                 BK=max(16, next_power_of_2(K)), BV=BV, PREC=cfg.dot_precision,
+                 num_warps=cfg.output_warps)  # fmt: skip

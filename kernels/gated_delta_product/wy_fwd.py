@@ -208,7 +208,8 @@ def wy_fwd(
     constexprs = dict(ROW_SCALED=row_scaled) if cfg.wy_series else {}
     tensors = (k, v, beta, k if g is None else g, t_inv, w, u, *extra)
     launch_stage(kernel, (seqs.grid_chunks, H), tensors, geo, seqs, (H, K, V), g, BV=cfg.wy_block_v,
-                 BK=max(16, next_power_of_2(K)), PREC=cfg.dot_precision, **constexprs)  # fmt: skip
+                 BK=max(16, next_power_of_2(K)), PREC=cfg.dot_precision, num_warps=cfg.wy_warps,
+                 **constexprs)  # fmt: skip
     if row_scaled:
         return t_inv, w, u, *scales
     if cfg.sixteen_bit:

@@ -9,6 +9,10 @@ relative RMS error (‖x − ref‖ / ‖ref‖) against the op's pure-PyTorch r
 same inputs (rounded to the case's dtype first, so the error is the kernel's, not the inputs'), for the
 output, the final state (Gated DeltaProduct) and every input gradient. Shapes: B = 2, T = 1100 (not a
 multiple of any chunk), H = 2; Gated DeltaProduct with n_h = 2, a gate and an initial state.
+
+``--kernels`` also prints, per case, each kernel's compile seconds (frontend, LLVM, ptxas) and the seconds
+spent building its C launcher (Triton builds one per kernel signature with the host compiler), to see which
+kernels a compile-time budget goes to.
 """
 
 from __future__ import annotations
@@ -79,12 +83,37 @@ def _run(op: str, inputs: dict, dtype, backend: str):
     return outs, {name: x.grad for name, x in leaves.items()}
 
 
-def _case(op: str, dim: int, dtype_name: str) -> dict:
+def _time_compiles() -> list[tuple[str, str, float]]:
+    """Records (kernel, "compile" or "launcher", seconds) for every compile and launcher build after this."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+
+    seen: list[tuple[str, str, float]] = []
+    compile_, init_handles = JITFunction._do_compile, CompiledKernel._init_handles
+
+    def timed_compile(self, *args, **kwargs):
+        start = time.perf_counter()
+        kernel = compile_(self, *args, **kwargs)
+        seen.append((self.fn.__name__, "compile", time.perf_counter() - start))
+        return kernel
+
+    def timed_init(self):
+        start, had = time.perf_counter(), self.module is not None
+        init_handles(self)
+        if not had:
+            seen.append((self.name, "launcher", time.perf_counter() - start))
+
+    JITFunction._do_compile, CompiledKernel._init_handles = timed_compile, timed_init
+    return seen
+
+
+def _case(op: str, dim: int, dtype_name: str, per_kernel: bool = False) -> dict:
     import torch
 
     dtype = getattr(torch, dtype_name)
     device = torch.device("cuda")
     inputs = _inputs(op, dim, dtype, device)
+    compiles = _time_compiles() if per_kernel else []
     torch.cuda.synchronize()
     start = time.perf_counter()
     outs, grads = _run(op, inputs, dtype, "triton")
@@ -103,7 +132,8 @@ def _case(op: str, dim: int, dtype_name: str) -> dict:
     if len(outs) > 1:
         errors["state"] = rel(outs[1], ref_outs[1])
     errors |= {f"d{name}": rel(grads[name], ref_grads[name]) for name in grads}
-    return {"op": op, "dim": dim, "dtype": dtype_name, "compile_s": first - steady, "errors": errors}
+    return {"op": op, "dim": dim, "dtype": dtype_name, "compile_s": first - steady, "errors": errors,
+            "kernels": compiles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", nargs="+", type=int, default=[64, 96, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
+    parser.add_argument("--kernels", action="store_true", help="per-kernel compile and launcher seconds")
     parser.add_argument("--case", nargs=3, metavar=("OP", "DIM", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
-        print(json.dumps(_case(args.case[0], int(args.case[1]), args.case[2])))
+        print(json.dumps(_case(args.case[0], int(args.case[1]), args.case[2], args.kernels)))
         return 0
     import torch
 
@@ -134,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory() as cache:
                     env = dict(os.environ, TRITON_CACHE_DIR=cache)
                     cmd = [sys.executable, __file__, "--case", op, str(dim), dtype]
+                    cmd += ["--kernels"] if args.kernels else []
                     try:
                         proc = subprocess.run(
                             cmd, env=env, capture_output=True, text=True, timeout=args.case_timeout
@@ -153,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 errors = ", ".join(f"{name} {value:.1e}" for name, value in result["errors"].items())
                 print(f"| {op} | {dim} | {dtype} | {result['compile_s']:.1f} | {errors} |", flush=True)
+                for name, what, seconds in result["kernels"]:
+                    print(f"|   {name} | | | {what} {seconds:.2f} | |", flush=True)
     return status
 
 

@@ -1,8 +1,10 @@
 """fp32 inputs get fp32-grade products: every kernel of the fp32 path multiplies with
 ``input_precision="tf32x3"`` (three tf32 products), 16-bit inputs keep ``"tf32"``.
 
-The CPU interpreter computes every product exactly whatever the precision, so on the CPU only the launch
-arguments are checked; the 1e-4 bound on o, the final state and every gradient is checked on a GPU.
+The CPU interpreter computes every product exactly whatever the precision, so on the CPU the launch arguments
+are checked, and the fp32 rows of the launch table (narrow tiles and slices, chosen for compile time) against
+the fp64 reference at shapes that run their loops several times and end in partial tiles; the 1e-4 bound on
+o, the final state and every gradient is checked on a GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .helpers import FP32_GPU_TOL, check_against_reference, launches, make_inputs
+from titan_delta_kernels.gated_delta_product.launch_table import launch_table
+
+from .helpers import FP32_GPU_TOL, FP32_TOL, check_against_reference, launches, make_inputs
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -33,6 +37,39 @@ def test_every_launch_takes_the_dtypes_precision(dtype, precision, n_h, K, V):
             assert dtype != torch.float32  # 16-bit products only, not on the fp32 path
             continue
         assert kwargs["PREC"] == precision, name
+
+
+# (n_h, T, K, V, cu_seqlens): odd lengths (partial last chunks), K and V that are not multiples of the tiles,
+# K = 48 (the general forward state pass), K = 128 (16-column reverse pass), varlen with a one-token document.
+FP32_TABLE_CASES = [
+    (1, 37, 64, 48, None),
+    (2, 37, 48, 80, [0, 5, 6, 37]),
+    (3, 37, 64, 64, [0, 30, 37]),
+    (4, 37, 32, 40, None),
+    (2, 23, 128, 72, None),
+]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(("n_h", "T", "K", "V", "cu"), FP32_TABLE_CASES)
+def test_fp32_launch_table_matches_reference(n_h, T, K, V, cu):
+    """The launches the fp32 rows give on a GPU (the interpreter takes the same table), with a gate and an
+    initial state, against the fp64 oracle: every loop of the narrow tiles is summed and masked right."""
+    cfg = launch_table(K, V, n_h, torch.float32, True)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    inputs = make_inputs(1, T, 2, K, V, n_h, num_seqs=None if cu is None else cu.numel() - 1)
+    with launches() as log:
+        check_against_reference(inputs, n_h, cu, *FP32_TOL)
+    ran = {name: kwargs for name, kwargs in log}
+    state_fwd = "state_fwd_lean_kernel" if cfg.state_fwd_lean else "state_fwd_kernel"
+    output = "output_fwd_t_kernel" if cfg.output_transposed else "output_fwd_kernel"
+    assert set(ran) == {"wy_fwd_kernel", state_fwd, output, "dv_local_kernel", "state_bwd_kernel",
+                        "dqkw_sliced_kernel", "wy_bwd_sliced_kernel"}  # fmt: skip
+    dqkw, wy_bwd, state_bwd = ran["dqkw_sliced_kernel"], ran["wy_bwd_sliced_kernel"], ran["state_bwd_kernel"]
+    assert dqkw["BKS"] == dqkw["BV"] == wy_bwd["BKS"] == wy_bwd["BV"] == 16
+    assert state_bwd["BV"] == (16 if K > 64 else 32) and state_bwd["num_warps"] == 4
+    assert ran["wy_fwd_kernel"]["num_warps"] == (8 if n_h <= 3 else 4)
+    assert dqkw["num_warps"] == wy_bwd["num_warps"] == 4
 
 
 FP32_CASES = [

@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 
 from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.gated_delta_product import chunk, gated_delta_product_triton
@@ -55,13 +56,22 @@ def test_launch_table_at_the_benchmark_shapes():
             fp32 = launch_table(K, K, n_h, torch.float32, True)
             assert bf16.dot_precision == "tf32" and fp32.dot_precision == "tf32x3"
             assert bf16.wy_series and bf16.state_fwd_lean and bf16.state_bwd_lean and not fp32.state_bwd_lean
-            assert bf16.state_fwd_block_v == (64 if K == 64 else 32) and fp32.state_fwd_block_v == 32
+            assert bf16.state_fwd_block_v == (64 if K == 64 else 32)
             assert bf16.state_fwd_s16 == (K == 128) and not fp32.state_fwd_s16
             assert bf16.state_bwd_block_v == (64 if n_h == 1 else 32)
-            assert bf16.output_transposed == (n_h >= 2)
-            assert bf16.dqkw_stages == (1 if K == 128 else 2) and fp32.dqkw_stages == 2
+            assert bf16.output_transposed == fp32.output_transposed == (n_h >= 2)
+            assert bf16.dqkw_stages == (1 if K == 128 else 2)
             assert bf16.dqkw_max_registers == (168 if K == 64 else None)
             assert bf16.wy_bwd_hoisted == (K == 64) and bf16.wy_bwd_stages == (3 if K == 128 else 2)
+            assert bf16.wy_warps == bf16.output_warps == bf16.grad_warps == 4
+            # fp32: its own rows, chosen for compile time (launch_table._fp32_launch)
+            assert not fp32.wy_series and fp32.wy_block_v == 32 and fp32.state_fwd_lean
+            assert fp32.state_fwd_block_v == 16 and fp32.state_bwd_block_v == (32 if K == 64 else 16)
+            assert fp32.state_bwd_stages == (3 if K == 64 else 2)
+            assert fp32.output_block_v == (64 if n_h >= 2 else 32)
+            assert fp32.grad_block_k == fp32.grad_block_v == 16 and not fp32.wy_bwd_hoisted
+            assert fp32.dqkw_stages == fp32.wy_bwd_stages == 1 and fp32.dqkw_max_registers is None
+            assert fp32.wy_warps == fp32.output_warps == 8 and fp32.grad_warps == 4
     assert not launch_table(64, 64, 2, torch.bfloat16, False).output_transposed
     assert launch_table(64, 64, 3, torch.bfloat16, False).output_transposed
     assert not launch_table(64, 64, 5, torch.bfloat16, True).wy_series
@@ -101,12 +111,14 @@ def test_fp16_state_products_within_fp16_rounding(scale_by, monkeypatch):
                                                             (torch.float16, 1, 64, 64, [0, 9, 70]),
                                                             (torch.float16, 2, 16, 32, None)])  # fmt: skip
 def test_hoisted_wy_bwd_is_bitwise_the_sliced_one(dtype, n_h, K, V, cu, monkeypatch):
-    """The same products with the same operands in the same order; only the loads move."""
+    """The same products with the same operands in the same order; only the loads move. One slice and one V
+    tile (the 16-bit rows' blocks; fp32's own rows slice narrower and never hoist)."""
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     T = 70 if cu is not None else 41
     inputs = make_inputs(1, T, 2, K, V, n_h, num_seqs=None if cu is None else cu.numel() - 1, dtype=dtype)
-    hoisted, kernels = run_with(monkeypatch, inputs, n_h, cu=cu)
-    sliced, sliced_kernels = run_with(monkeypatch, inputs, n_h, dict(wy_bwd_hoisted=False), cu=cu)
+    one = dict(grad_block_k=triton.next_power_of_2(K), grad_block_v=triton.next_power_of_2(V))
+    hoisted, kernels = run_with(monkeypatch, inputs, n_h, dict(one, wy_bwd_hoisted=True), cu=cu)
+    sliced, sliced_kernels = run_with(monkeypatch, inputs, n_h, dict(one, wy_bwd_hoisted=False), cu=cu)
     assert "wy_bwd_hoisted_kernel" in kernels and "wy_bwd_sliced_kernel" in sliced_kernels
     assert bitwise(hoisted, sliced)
 

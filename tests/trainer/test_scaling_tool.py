@@ -33,3 +33,10 @@ def test_table_gives_the_efficiency_against_one_gpu(tmp_path: Path) -> None:
     rows = table(results).splitlines()
     assert rows[3] == "| deltaformer | fsdp | 4 | 50,400 | 56.0 % | 13.0 | 4.0 |"
     assert rows[4].startswith("| deltaformer | ddp | 4 | FAILED")
+
+
+def test_summary_leaves_out_the_intervals_a_profiler_slowed(tmp_path: Path) -> None:
+    log = _log(tmp_path, [(10, 7.0, "100,000", 30.0), (20, 7.0, "40,000", 12.0), (30, 8.0, "50,000", 14.0),
+                          (40, 7.0, "110,000", 32.0)])  # fmt: skip
+    assert summarize(log, warmup_logs=0, skip=(18, 30)) == (105_000, 31.0, 8.0)
+    assert summarize(log, warmup_logs=0) == (75_000, 22.0, 8.0)

@@ -24,10 +24,13 @@ class Result:
     log: Path
 
 
-def summarize(log: Path, warmup_logs: int) -> tuple[float, float, float] | None:
-    """(mean tokens/s per GPU, mean MFU %, peak memory GiB) of the metric lines after warm-up."""
+def summarize(
+    log: Path, warmup_logs: int, skip: tuple[int, int] | None = None
+) -> tuple[float, float, float] | None:
+    """(mean tokens/s per GPU, mean MFU %, peak memory GiB) of the metric lines after warm-up, less the lines
+    logged at steps ``skip[0] < step <= skip[1]`` (the intervals a profiler slowed)."""
     rows = [m.groups() for m in METRICS.finditer(log.read_text(errors="replace"))]
-    kept = rows[warmup_logs:]
+    kept = [r for r in rows[warmup_logs:] if skip is None or not skip[0] < int(r[0]) <= skip[1]]
     if not kept:
         return None
     tps = statistics.mean(float(r[3].replace(",", "")) for r in kept)

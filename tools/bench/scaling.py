@@ -4,19 +4,24 @@ GPU count and strategy, every run on this machine in one invocation.
     python tools/bench/scaling.py --models transformer deltaformer gated_deltaproduct --gpus 1 2 4 \\
         --strategies fsdp ddp hsdp --steps 100 --out outputs/scaling
 
-Each model trains its ``train_configs/<model>_<size>.toml`` config (``--config`` changes the pattern)
-through ``launch/run_single_node.sh`` on the first N GPUs (``CUDA_VISIBLE_DEVICES``), on the embedded
-corpus. The 1-GPU baselines of several models run side by
-side, one per GPU; multi-GPU runs go one at a time. Throughput is the mean over the log lines after the
-first ``--warmup-logs`` (compilation). Strategies: ``fsdp`` (full shard over all GPUs), ``fsdp_keep``
-(FSDP without resharding after forward), ``ddp`` (replicate only), ``hsdp`` (replicate 2 × shard N/2, the
-stand-in for 2 nodes). Without a GPU the same runs use CPU processes (a check of the tool, not a measure).
+Each model trains its ``train_configs/<model>_<size>.toml`` config (``--config`` changes the pattern; a
+model may name its own size, ``deltaformer@1.3B``) through ``launch/run_single_node.sh`` on the first N GPUs
+(``CUDA_VISIBLE_DEVICES``), on the embedded corpus, at the config's local batch unless ``--local-batch``.
+The 1-GPU baselines of several models run side by side, one per GPU; multi-GPU runs go one at a time.
+Throughput is the mean over the log lines after the first ``--warmup-logs`` (compilation). Strategies:
+``config`` (what the shipped config chooses), ``fsdp`` (full shard over all GPUs), ``fsdp_keep`` (FSDP
+without resharding after forward), ``ddp`` (replicate only), ``hsdp`` (replicate 2 × shard N/2, the
+stand-in for 2 nodes). ``--profile-step N`` profiles step N of every run and writes the step's breakdown
+(GPU busy, exposed collectives, idle, host syncs: ``trace_breakdown.py``) to ``<run>/breakdown.md``; the
+metric lines around the profiled step are left out of the means. Without a GPU the same runs use CPU
+processes (a check of the tool, not a measure).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +31,7 @@ from titan_delta.trainer.scaling_report import Result, row, summarize, table
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "run_single_node.sh"
 STRATEGIES = {
+    "config": lambda n: [],
     "fsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "1",
                        "--parallelism.data_parallel_shard_degree", str(n)],
     "fsdp_keep": lambda n: ["--parallelism.data_parallel_replicate_degree", "1",
@@ -36,23 +42,37 @@ STRATEGIES = {
     "hsdp": lambda n: ["--parallelism.data_parallel_replicate_degree", "2",
                        "--parallelism.data_parallel_shard_degree", str(n // 2)],
 }  # fmt: skip
+TRACE_BREAKDOWN = REPO / "tools" / "bench" / "trace_breakdown.py"
+
+
+def family_and_size(args: argparse.Namespace, model: str) -> tuple[str, str]:
+    family, _, size = model.partition("@")
+    return family, size or args.size
+
+
 def command(args: argparse.Namespace, model: str, gpus: int, strategy: str, dump: Path) -> list[str]:
     parallel = STRATEGIES[strategy](gpus) if gpus > 1 else []
+    batch = ["--training.local_batch_size", str(args.local_batch)] if args.local_batch else []
+    profile = []
+    if args.profile_step:
+        profile = ["--profiling.enable_profiling", "--profiling.profile_freq", str(args.profile_step),
+                   "--profiling.profiler_warmup", "2", "--profiling.profiler_active", "1"]  # fmt: skip
     return [
         "bash", str(LAUNCHER),
-        "--model.name", model, "--job.dump_folder", str(dump), "--training.steps", str(args.steps),
-        "--training.local_batch_size", str(args.local_batch), "--training.global_batch_size", "-1",
+        "--model.name", family_and_size(args, model)[0], "--job.dump_folder", str(dump),
+        "--training.steps", str(args.steps), *batch, "--training.global_batch_size", "-1",
         "--lr_scheduler.warmup_steps", str(min(20, args.steps // 5)), "--checkpoint.no-enable",
         "--eval.no-enable", "--metrics.log_freq", str(args.log_freq), "--metrics.disable_color_printing",
-        "--data.sources", "default", *parallel, *args.extra,
+        "--data.sources", "default", *parallel, *profile, *args.extra,
     ]  # fmt: skip
 
 
 def start(args: argparse.Namespace, model: str, gpus: int, strategy: str, first_gpu: int = 0):
-    name = f"{model}_{strategy}{gpus}" if gpus > 1 else f"{model}_1gpu"
+    family, size = family_and_size(args, model)
+    name = f"{family}_{size}_{strategy}{gpus}" if gpus > 1 else f"{family}_{size}_1gpu"
     dump = Path(args.out) / name
     dump.mkdir(parents=True, exist_ok=True)
-    config = REPO / args.config.format(model=model, size=args.size)
+    config = REPO / args.config.format(model=family, size=size)
     env = dict(os.environ, NGPU=str(gpus), CONFIG=str(config), PREFLIGHT="0")
     if args.cuda:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(gpus))
@@ -62,12 +82,28 @@ def start(args: argparse.Namespace, model: str, gpus: int, strategy: str, first_
     return proc, Result(model, strategy if gpus > 1 else "-", gpus, None, None, None, log)
 
 
-def finish(proc: subprocess.Popen, result: Result, warmup_logs: int) -> Result:
+def finish(proc: subprocess.Popen, result: Result, args: argparse.Namespace) -> Result:
     proc.wait()
-    summary = summarize(result.log, warmup_logs) if proc.returncode == 0 else None
+    skip = (args.profile_step - 2, args.profile_step + args.log_freq) if args.profile_step else None
+    summary = summarize(result.log, args.warmup_logs, skip) if proc.returncode == 0 else None
     if summary:
         result.tps, result.mfu, result.memory_gib = summary
+    if args.profile_step:
+        breakdown(result.log.parent, args.profile_step)
     return result
+
+
+def breakdown(dump: Path, step: int) -> None:
+    """The profiled step's breakdown of rank 0 into ``dump/breakdown.md``; the traces are deleted (large)."""
+    traces = dump / "profile_traces"
+    trace = traces / f"iteration_{step}" / "rank0_trace.json"
+    with (dump / "breakdown.md").open("w") as out:
+        if trace.is_file():
+            subprocess.run([sys.executable, str(TRACE_BREAKDOWN), str(trace)], stdout=out,
+                           stderr=subprocess.STDOUT, cwd=REPO)  # fmt: skip
+        else:
+            out.write(f"no trace at {trace}\n")
+    shutil.rmtree(traces, ignore_errors=True)
 
 
 def run_all(args: argparse.Namespace, report=None) -> list[Result]:
@@ -77,14 +113,14 @@ def run_all(args: argparse.Namespace, report=None) -> list[Result]:
     for i in range(0, len(args.models), width):  # 1-GPU baselines, one per GPU
         batch = [start(args, m, 1, "-", first_gpu=j) for j, m in enumerate(args.models[i : i + width])]
         for proc, result in batch:
-            results.append(finish(proc, result, args.warmup_logs))
+            results.append(finish(proc, result, args))
             report and report(results)
     for model in args.models:
         for gpus in (g for g in args.gpus if g > 1):
             for strategy in args.strategies:
                 if strategy == "hsdp" and gpus % 2:
                     continue
-                results.append(finish(*start(args, model, gpus, strategy), args.warmup_logs))
+                results.append(finish(*start(args, model, gpus, strategy), args))
                 report and report(results)
     return results
 
@@ -98,16 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--strategies", nargs="+", default=["fsdp", "ddp", "hsdp"], choices=list(STRATEGIES))
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--local-batch", type=int, default=8)
+    parser.add_argument("--local-batch", type=int, default=0, help="sequences per GPU (0: the config's)")
+    parser.add_argument("--profile-step", type=int, default=0, help="profile this step of every run")
     parser.add_argument("--log-freq", type=int, default=10)
     parser.add_argument("--warmup-logs", type=int, default=2, help="metric lines left out (compilation)")
     parser.add_argument("--out", default="outputs/scaling")
     parser.add_argument("extra", nargs="*", help="more trainer overrides, after --")
     args = parser.parse_args(argv)
     for model in args.models:
-        config = REPO / args.config.format(model=model, size=args.size)
+        family, size = family_and_size(args, model)
+        config = REPO / args.config.format(model=family, size=size)
         if not config.is_file():
-            print(f"scaling.py: --models {model} --size {args.size}: {config} not found", file=sys.stderr)
+            print(f"scaling.py: --models {model} (size {size}): {config} not found", file=sys.stderr)
             return 2
     import torch
 
@@ -118,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling.py: --gpus {too_many}: only {args.available} GPU(s) here", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name(0) if args.cuda else "CPU processes"
-    print(f"scaling: {device}, {args.size}, local batch {args.local_batch}, {args.steps} steps", flush=True)
+    batch = args.local_batch or "of each config"
+    print(f"scaling: {device}, {args.size}, local batch {batch}, {args.steps} steps", flush=True)
     print("progress rows:", flush=True)
     results = run_all(args, report=lambda done: print(row(done[-1], done), flush=True))
     print("\n" + table(results))

@@ -3,7 +3,8 @@
 CPU: ``recording()`` collects launches without running them, on this thread only, and ``precompile`` does
 nothing off a GPU. GPU (in a fresh process with an empty Triton cache, so every kernel really compiles): the
 first Gated DeltaProduct forward and backward compile every kernel on the pool threads, none on the calling
-thread (nor on autograd's backward thread), and give the same outputs and gradients, bitwise, as a process without precompilation.
+thread (nor on autograd's backward thread), and give the same outputs and gradients, bitwise, as a process
+without precompilation.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Written as K shifted multiply-adds rather than ``F.conv1d``: with packed documen
 masked where it would reach back past the start of the current document, using the position-in-document
 ids the model already derives from ``cu_seqlens``. That is branch-free (compiles with fullgraph=True) and
 costs K fused elementwise passes, which is what a depthwise conv of width 4 costs anyway.
+
+On CUDA ``forward`` runs the Triton op ``titan_delta_kernels.short_conv`` instead (same maths: taps rounded
+to x's dtype, fp32 accumulation): one pass forward, two backward, with the weight gradient as per-block
+partial sums rather than inductor's reductions over B·T per tap. ``forward_torch`` keeps the PyTorch code:
+the op's reference, the CPU path, and decoding's (``forward_with_history``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,25 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_KERNEL_SIZE = 8  # the Triton op's limit (titan_delta_kernels.short_conv)
+
+
+def _kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Where the Triton op runs: CUDA tensors of dtypes and a width it supports (tests patch this to run it
+    on CPU under TRITON_INTERPRET=1)."""
+    supported = x.dtype in KERNEL_DTYPES and weight.dtype in KERNEL_DTYPES
+    return x.is_cuda and supported and weight.shape[-1] <= MAX_KERNEL_SIZE
+
+
+def _load_triton_conv():
+    """The Triton op, imported lazily (the model must work where Triton is unavailable); None without it."""
+    try:
+        from titan_delta_kernels.short_conv import short_causal_conv
+    except ImportError:
+        return None
+    return short_causal_conv
 
 
 class ShortCausalConv(nn.Module):
@@ -38,6 +62,13 @@ class ShortCausalConv(nn.Module):
     def forward(self, x: torch.Tensor, seq_pos: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C]; ``seq_pos`` [B, T] position of each token inside its document, or None when every
         row is a single document starting at t = 0."""
+        kernel = _load_triton_conv() if _kernel_applies(x, self.weight) else None
+        if kernel is not None:
+            return kernel(x, self.weight, seq_pos, self.activation)
+        return self.forward_torch(x, seq_pos)
+
+    def forward_torch(self, x: torch.Tensor, seq_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """``forward`` in PyTorch: the reference of the Triton op, and the path on CPU."""
         T = x.shape[1]
         taps = self.weight.squeeze(1).to(x.dtype)  # [C, K]
         out = x * taps[:, -1]
@@ -58,4 +89,4 @@ class ShortCausalConv(nn.Module):
         if history is None:
             history = x.new_zeros(x.shape[0], keep, x.shape[2])
         full = torch.cat((history.to(x.dtype), x), dim=1)
-        return self.forward(full)[:, keep:], full[:, full.shape[1] - keep :]
+        return self.forward_torch(full)[:, keep:], full[:, full.shape[1] - keep :]

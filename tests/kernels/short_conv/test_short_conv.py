@@ -1,0 +1,266 @@
+"""The Triton short causal conv against the PyTorch path of ``ShortCausalConv`` computed in fp64.
+
+CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (32 rows,
+4 per program) and channel blocks (64), odd and short T, K = 1..8, SiLU on and off, several documents per
+row with boundaries inside tiles and on tile edges, B > 1 (flat rows cross batch rows inside a tile); fp32
+inputs at 1e-5, bf16/fp16 at 1e-2. Every kernel-allocated buffer is NaN-poisoned, so an element a kernel
+forgets to write fails. Also: the model's module wired to the op, its torch.compile(fullgraph=True) trace,
+``opcheck`` of the custom ops. GPU (``gpu`` marker): the 340M shapes in bf16 against fp64 and against the
+PyTorch bf16 path, compiled module, deterministic dw.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from titan_delta.models.components import short_conv as short_conv_module
+from titan_delta.models.components.short_conv import ShortCausalConv
+from titan_delta.testing import assert_rel_close, rel_rms_error
+from titan_delta_kernels.short_conv import conv as conv_ops
+from titan_delta_kernels.short_conv import short_causal_conv
+
+LOW_PRECISION_TOL = 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _poison_kernel_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TITAN_DELTA_POISON", "1")
+
+
+def positions(lengths_per_row: list[list[int]], device="cpu") -> torch.Tensor:
+    """seq_pos [B, T] of rows packed with documents of the given lengths."""
+    rows = [torch.cat([torch.arange(n) for n in lengths]) for lengths in lengths_per_row]
+    return torch.stack(rows).to(device)
+
+
+def reference(x, weight, seq_pos, activation, dy):
+    """(y, dx, dw) of the PyTorch path in fp64."""
+    conv = ShortCausalConv(x.shape[-1], weight.shape[-1], activation).double().to(x.device)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+    x = x.detach().double().requires_grad_()
+    y = conv.forward_torch(x, seq_pos)
+    dx, dw = torch.autograd.grad(y, (x, conv.weight), dy.double())
+    return y, dx, dw
+
+
+def kernel(x, weight, seq_pos, activation, dy):
+    x = x.detach().requires_grad_()
+    weight = weight.detach().requires_grad_()
+    y = short_causal_conv(x, weight, seq_pos, activation)
+    dx, dw = torch.autograd.grad(y, (x, weight), dy)
+    return y, dx, dw
+
+
+def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device="cpu"):
+    """Kernel vs fp64 reference on the same (dtype-rounded) x and dy; the weight is an fp32 parameter."""
+    x = torch.randn(B, T, C, device=device).to(dtype)
+    weight = torch.randn(C, 1, K, device=device)
+    dy = torch.randn(B, T, C, device=device).to(dtype)
+    got = kernel(x, weight, seq_pos, activation, dy)
+    expected = reference(x, weight, seq_pos, activation, dy)
+    assert got[0].dtype == dtype and got[1].dtype == dtype and got[2].dtype == torch.float32
+    for name, a, e in zip(("y", "dx", "dw"), got, expected, strict=True):
+        assert_rel_close(a, e, tol, f"{name} (B={B}, T={T}, C={C}, K={K}, activation={activation})")
+
+
+# ---------------------------------------------------------------- CPU (interpreter) tests, tiny shapes
+@pytest.mark.parametrize(
+    ("B", "T", "C", "K", "activation", "documents"),
+    [
+        (1, 1, 7, 4, True, None),  # one token: only the last tap
+        (2, 3, 5, 4, False, None),  # T < K
+        (2, 70, 64, 4, True, None),  # no documents: the second batch row starts inside a tile
+        (3, 37, 100, 3, True, [[10, 1, 26], [37], [2, 35]]),  # batch rows change inside a tile
+        (2, 130, 100, 4, True, [[32, 32, 1, 63, 2], [64, 3, 61, 2]]),  # starts on tile and program edges
+        (1, 130, 300, 1, False, [[5, 125]]),  # five channel blocks, the last partial
+        (2, 37, 20, 8, True, [[7, 1, 8, 21], [20, 17]]),  # the widest filter
+        (1, 300, 16, 4, True, [[100, 156, 44]]),  # three 128-row programs (dw partials), the last short
+    ],
+)
+def test_matches_reference_fp32(B, T, C, K, activation, documents):
+    check(B, T, C, K, activation, None if documents is None else positions(documents))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matches_reference_16_bit(dtype):
+    check(2, 70, 100, 4, True, positions([[3, 64, 3], [70]]), dtype=dtype, tol=LOW_PRECISION_TOL)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mantissa_bits"),
+    # the interpreter truncates fp32 -> bf16 (a GPU rounds to nearest): bf16 runs on a GPU only
+    [(torch.float16, 11), pytest.param(torch.bfloat16, 8, marks=pytest.mark.gpu)],
+)
+def test_taps_are_rounded_to_the_input_dtype(dtype, mantissa_bits):
+    """As in the PyTorch path (``weight.to(x.dtype)``): an fp32 weight acts as its rounding to nearest in x's
+    dtype, exactly. The weights sit 3/4 of a step above a representable value: truncating would differ."""
+    device = "cuda" if dtype == torch.bfloat16 else "cpu"
+    x = torch.randn(1, 40, 24, device=device).to(dtype)
+    below = torch.randn(24, 1, 4, device=device).to(dtype).float()
+    step = torch.ldexp(torch.ones_like(below), torch.frexp(below).exponent - mantissa_bits)
+    weight = below + 0.75 * step * below.sign()
+    rounded = weight.to(dtype).float()
+    assert not torch.equal(rounded, below)
+    assert torch.equal(short_causal_conv(x, weight), short_causal_conv(x, rounded))
+
+
+def test_documents_change_the_result():
+    """Guards the tests above: ignoring the document starts is far outside the tolerance."""
+    x, weight = torch.randn(1, 40, 8), torch.randn(8, 1, 4)
+    seq_pos = positions([[13, 27]])
+    assert rel_rms_error(short_causal_conv(x, weight, seq_pos), short_causal_conv(x, weight)) > 1e-2
+
+
+def test_strided_input_and_broadcast_positions():
+    """x a transposed view (copied inside), seq_pos [1, T] shared by every row, int32."""
+    x = torch.randn(2, 24, 45).transpose(1, 2)  # [2, 45, 24]
+    weight = torch.randn(24, 1, 4)
+    seq_pos = positions([[9, 30, 6]]).to(torch.int32)
+    dy = torch.randn(2, 45, 24)
+    got = kernel(x, weight, seq_pos, True, dy)
+    expected = reference(x, weight, seq_pos.expand(2, 45), True, dy)
+    for name, a, e in zip(("y", "dx", "dw"), got, expected, strict=True):
+        assert_rel_close(a, e, 1e-5, name)
+
+
+def test_rejects_unsupported_arguments():
+    x = torch.randn(1, 8, 4)
+    with pytest.raises(ValueError, match="1 <= K <= 8"):
+        short_causal_conv(x, torch.randn(4, 1, 9))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        short_causal_conv(x, torch.randn(5, 1, 4))
+    with pytest.raises(TypeError, match="seq_pos"):
+        short_causal_conv(x, torch.randn(4, 1, 4), torch.zeros(1, 8))
+
+
+def _force_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Makes ``ShortCausalConv.forward`` take the Triton op on CPU; returns a list counting its loads."""
+    loads = []
+    load = short_conv_module._load_triton_conv
+
+    def counting_load():
+        loads.append(1)
+        return load()
+
+    monkeypatch.setattr(short_conv_module, "_kernel_applies", lambda x, weight: True)
+    monkeypatch.setattr(short_conv_module, "_load_triton_conv", counting_load)
+    return loads
+
+
+def test_module_runs_the_op_when_it_applies(monkeypatch):
+    conv = ShortCausalConv(40, kernel_size=4)
+    x = torch.randn(2, 19, 40, requires_grad=True)
+    seq_pos = positions([[4, 15], [19]])
+    expected = conv.forward_torch(x, seq_pos)
+    expected_grads = torch.autograd.grad(expected.square().sum(), (x, conv.weight))
+    loads = _force_kernel(monkeypatch)
+    got = conv(x, seq_pos)
+    grads = torch.autograd.grad(got.square().sum(), (x, conv.weight))
+    assert loads, "the module did not take the Triton path"
+    assert_rel_close(got, expected, 1e-5, "y")
+    for name, a, e in zip(("dx", "dw"), grads, expected_grads, strict=True):
+        assert_rel_close(a, e, 1e-5, name)
+    history = torch.randn(2, 3, 40)
+    y_step, _ = conv.forward_with_history(x[:, :1], history)  # decoding stays on the PyTorch path
+    assert len(loads) == 1 and y_step.shape == (2, 1, 40)
+
+
+def test_module_compiles_fullgraph_with_the_op(monkeypatch):
+    """torch.compile(fullgraph=True) traces the module through the custom op's fake kernel and autograd rule
+    (aot_eager: the graph is what inductor would get; inductor's CPU codegen adds nothing here)."""
+    _force_kernel(monkeypatch)
+    targets: set[str] = set()
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def recording_backend(gm, example_inputs):
+        targets.update(str(node.target) for node in gm.graph.nodes)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    conv = ShortCausalConv(24, kernel_size=4)
+    x = torch.randn(1, 21, 24, requires_grad=True)
+    seq_pos = positions([[6, 15]])
+    y = torch.compile(conv, fullgraph=True, backend=recording_backend)(x, seq_pos)
+    y.square().sum().backward()
+    assert "titan_delta.short_conv_fwd.default" in targets, sorted(targets)
+    expected = conv.forward_torch(x, seq_pos)
+    assert_rel_close(y, expected, 1e-5, "compiled y")
+    grads = torch.autograd.grad(expected.square().sum(), (x, conv.weight))
+    assert_rel_close(x.grad, grads[0], 1e-5, "compiled dx")
+    assert_rel_close(conv.weight.grad, grads[1], 1e-5, "compiled dw")
+
+
+@pytest.mark.parametrize("with_documents", [True, False])
+def test_custom_ops_pass_opcheck(with_documents):
+    x = torch.randn(1, 9, 6, requires_grad=True)
+    weight = torch.randn(6, 1, 3, requires_grad=True)
+    seq_pos = positions([[4, 5]]) if with_documents else None
+    torch.library.opcheck(conv_ops.short_conv_fwd, (x, weight, seq_pos, True))
+    dy = torch.randn(1, 9, 6)
+    torch.library.opcheck(conv_ops.short_conv_bwd, (dy, x.detach(), weight.detach(), seq_pos, False))
+
+
+# ---------------------------------------------------------------- GPU tests, the 340M shapes
+def _packed_positions(B: int, T: int, device) -> torch.Tensor:
+    """seq_pos [B, T] with a few documents per row of random lengths (the trainer packs documents)."""
+    rows = []
+    for _ in range(B):
+        cuts = torch.sort(torch.randint(1, T, (3,))).values.tolist()
+        bounds = [0, *cuts, T]
+        rows.append([end - start for start, end in itertools.pairwise(bounds)])
+    return positions(rows, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C", [512, 1024, 2048])
+def test_gpu_340m_shapes_bf16(C):
+    """Triton vs fp64 at 1e-2, and no less accurate than the PyTorch path on the same bf16 inputs."""
+    B, T, K = 16, 2048, 4
+    x = torch.randn(B, T, C, device="cuda").to(torch.bfloat16)
+    weight = torch.randn(C, 1, K, device="cuda") * 0.5
+    dy = torch.randn(B, T, C, device="cuda").to(torch.bfloat16)
+    seq_pos = _packed_positions(B, T, "cuda")
+    got = kernel(x, weight, seq_pos, True, dy)
+    expected = reference(x, weight, seq_pos, True, dy)
+    conv = ShortCausalConv(C, K).cuda()
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+    xt = x.detach().requires_grad_()
+    yt = conv.forward_torch(xt, seq_pos)
+    torch_path = (yt, *torch.autograd.grad(yt, (xt, conv.weight), dy))
+    for name, a, t, e in zip(("y", "dx", "dw"), got, torch_path, expected, strict=True):
+        err, torch_err = rel_rms_error(a, e), rel_rms_error(t, e)
+        assert err <= LOW_PRECISION_TOL, f"{name}: relative RMS error {err:.3e} > {LOW_PRECISION_TOL}"
+        assert err <= 1.1 * torch_err + 1e-6, f"{name}: Triton {err:.3e} vs PyTorch path {torch_err:.3e}"
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_and_deterministic_weight_gradient():
+    check(4, 1000, 300, 4, True, _packed_positions(4, 1000, "cuda"), device="cuda")
+    x = torch.randn(2, 4096, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(1024, 1, 4, device="cuda")
+    dy = torch.randn_like(x)
+    seq_pos = _packed_positions(2, 4096, "cuda")
+    first, second = kernel(x, weight, seq_pos, True, dy), kernel(x, weight, seq_pos, True, dy)
+    for name, a, b in zip(("y", "dx", "dw"), first, second, strict=True):
+        assert torch.equal(a, b), f"{name} differs between identical runs"
+
+
+@pytest.mark.gpu
+def test_gpu_module_compiled_uses_the_op():
+    conv = ShortCausalConv(1024, kernel_size=4).cuda()
+    x = torch.randn(2, 512, 1024, device="cuda", requires_grad=True)
+    seq_pos = _packed_positions(2, 512, "cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True)
+    y = compiled(x, seq_pos)
+    y.square().sum().backward()
+    expected = conv.forward_torch(x, seq_pos)
+    grads = torch.autograd.grad(expected.square().sum(), (x, conv.weight))
+    assert_rel_close(y, expected, 1e-5, "compiled y")
+    assert_rel_close(x.grad, grads[0], 1e-5, "compiled dx")
+    assert_rel_close(conv.weight.grad, grads[1], 1e-5, "compiled dw")

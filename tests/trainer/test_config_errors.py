@@ -65,7 +65,7 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
         (["--model.flavor", "7B"], "[model] flavor = '7B': deltaformer has flavors"),
         (["--checkpoint.keep_latest_k", "1"], "[checkpoint] keep_latest_k = 1"),
         (["--parallelism.tensor_parallel_degree", "2"], "[parallelism] tensor_parallel_degree = 2"),
-        (["--parallelism.data_parallel_replicate_degree", "-1"], "replicate_degree = -1: expected >= 1"),
+        (["--parallelism.data_parallel_replicate_degree", "-2"], "replicate_degree = -2: expected >= 1"),
         (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "x"],
          "selective_ac_option = 'x'"),
         (["--lr_scheduler.warmup_steps", "1000"], "[lr_scheduler] warmup_steps = 1000"),
@@ -155,3 +155,16 @@ def test_replicate_degree_minus_one_fills_the_ranks_the_shard_degree_leaves() ->
     par = SimpleNamespace(data_parallel_replicate_degree=-1, data_parallel_shard_degree=8)
     with pytest.raises(ConfigError, match="the 12 ranks do not divide by data_parallel_shard_degree = 8"):
         resolve_replicate_degree(par, 12)
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "replicate", "shard"), [(16, 8, 2, 8), (4, 4, 1, 4), (4, None, 1, 4)]
+)
+def test_both_degrees_minus_one_shard_inside_a_node_and_replicate_across(world, local, replicate, shard):
+    from types import SimpleNamespace
+
+    from titan_delta.trainer.trainer import resolve_replicate_degree
+
+    par = SimpleNamespace(data_parallel_replicate_degree=-1, data_parallel_shard_degree=-1)
+    resolve_replicate_degree(par, world, local)
+    assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (replicate, shard)

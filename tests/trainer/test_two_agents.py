@@ -1,5 +1,6 @@
-"""Two torchrun agents on one host stand in for two nodes: HSDP replicate 2 × shard 2 over gloo saves,
-then a second launch of both agents resumes from the newest complete checkpoint."""
+"""Two torchrun agents on one host stand in for two nodes: the 1.3B configs' layout (both degrees -1: shard
+inside a node, replicate across) becomes HSDP replicate 2 × shard 2 over gloo, saves, then a second launch
+of both agents resumes from the newest complete checkpoint."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def _two_agents(dump: Path, args: list[str]) -> list[str]:
 def test_hsdp_over_two_agents_saves_and_resumes(tmp_path: Path) -> None:
     dump = tmp_path / "two_agents"
     hsdp = [
-        "--parallelism.data_parallel_replicate_degree", "2",
-        "--parallelism.data_parallel_shard_degree", "2",
+        "--parallelism.data_parallel_replicate_degree", "-1",
+        "--parallelism.data_parallel_shard_degree", "-1",
         "--training.local_batch_size", "1",
         "--checkpoint.enable", "--checkpoint.interval", "2",
     ]  # fmt: skip

@@ -209,9 +209,9 @@ def check_job_config(job_config: Any, families: dict[str, typing.Collection[str]
     par = job_config.parallelism
     replicate, shard = par.data_parallel_replicate_degree, par.data_parallel_shard_degree
     _require(
-        replicate >= 1 or (replicate == -1 and shard >= 1),
+        replicate >= 1 or (replicate == -1 and (shard >= 1 or shard == -1)),
         f"[parallelism] data_parallel_replicate_degree = {replicate}: expected >= 1, or -1 (every rank "
-        "not used by the shard degree) with data_parallel_shard_degree >= 1",
+        "not used by the shard degree) with data_parallel_shard_degree >= 1 or -1 (the GPUs of one node)",
     )
     for key in (
         "tensor_parallel_degree",

@@ -39,13 +39,18 @@ from titan_delta.trainer.nonfinite import NonFinitePolicy
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
-def resolve_replicate_degree(parallelism: Any, world_size: int) -> None:
+def resolve_replicate_degree(parallelism: Any, world_size: int, local_world_size: int | None = None) -> None:
     """``data_parallel_replicate_degree = -1``: every rank the shard degree leaves, so one config runs DDP
     (shard degree 1) or HSDP (shard degree = GPUs per node) on any number of GPUs or nodes; torchtitan
-    infers only the shard degree."""
+    infers only the shard degree. With ``data_parallel_shard_degree = -1`` as well, the shard degree is the
+    ranks of one node (``local_world_size``, torchrun's LOCAL_WORLD_SIZE): FSDP on one node, HSDP (shard
+    inside a node, replicate across) on several."""
     if parallelism.data_parallel_replicate_degree != -1:
         return
     shard = parallelism.data_parallel_shard_degree
+    if shard == -1:
+        shard = local_world_size or world_size
+        parallelism.data_parallel_shard_degree = shard
     if world_size % shard:
         raise ConfigError(
             f"[parallelism] data_parallel_replicate_degree = -1: the {world_size} ranks do not divide by "
@@ -58,7 +63,11 @@ class TitanDeltaTrainer(Trainer):
     def __init__(self, job_config: JobConfig) -> None:
         if job_config.debug.seed is None:  # torchtitan would draw a random seed
             job_config.debug.seed = job_config.training.seed
-        resolve_replicate_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")))
+        resolve_replicate_degree(
+            job_config.parallelism,
+            int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None,
+        )
         self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
         spec = train_spec_module.get_train_spec(job_config.model.name)
         # Built afresh from the registry's flavor (never the spec's entry, which an earlier trainer in

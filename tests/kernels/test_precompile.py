@@ -68,9 +68,16 @@ def test_precompile_is_a_no_op_off_a_gpu():
 
 _CHILD = r"""
 import json, sys, threading, torch
-from triton.runtime.jit import JITFunction
+import triton.compiler
 from titan_delta_kernels import _precompile
 from titan_delta_kernels.gated_delta_product import gated_delta_product_triton
+_precompile.set_enabled(sys.argv[1] == "on")
+threads = []
+original = triton.compiler.compile  # what each kernel's binder calls to compile (on a pool thread, or not)
+def spy(src, *args, **kwargs):
+    threads.append((src.fn.__name__, threading.current_thread().name.startswith("ThreadPoolExecutor")))
+    return original(src, *args, **kwargs)
+triton.compiler.compile = spy
 gen = torch.Generator(device="cuda").manual_seed(0)
 B, T, H, K, n_h = 1, 70, 2, 32, 2
 q = torch.randn(B, T, H, K, device="cuda", generator=gen)
@@ -78,13 +85,6 @@ v = torch.randn(B, T * n_h, H, K, device="cuda", generator=gen)
 k = torch.nn.functional.normalize(torch.randn(B, T * n_h, H, K, device="cuda", generator=gen), dim=-1)
 beta = torch.rand(B, T * n_h, H, device="cuda", generator=gen) * 2
 g = -torch.rand(B, T, H, device="cuda", generator=gen) * 0.5
-_precompile.set_enabled(sys.argv[1] == "on")
-threads = []
-original = JITFunction._do_compile
-def spy(self, *args, **kwargs):
-    threads.append((self.fn.__name__, threading.current_thread().name.startswith("ThreadPoolExecutor")))
-    return original(self, *args, **kwargs)
-JITFunction._do_compile = spy
 leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
 o, _ = gated_delta_product_triton(*leaves, num_householder=2)
 o.backward(torch.ones_like(o))

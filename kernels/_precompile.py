@@ -1,8 +1,8 @@
 """Compile a kernel set on a thread pool before its first use: ``precompile(key, body)``.
 
 Why: Triton compiles a kernel when it is first launched, so a stage sequence (the Gated DeltaProduct forward
-launches three kernels, its backward four more) compiles them one after another on one thread, each a few
-seconds of MLIR, LLVM and ptxas plus a C launcher built by the host compiler. Triton releases the GIL in
+launches three kernels, its backward four more) compiles them one after another on one thread, each its own
+run of MLIR, LLVM and ptxas plus a C launcher built by the host compiler. Triton releases the GIL in
 those steps, so the kernels of one sequence compile at the same time on a thread pool in about the time of
 the slowest one.
 

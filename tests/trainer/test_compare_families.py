@@ -1,0 +1,55 @@
+"""tools/bench/compare_families.py on CPU processes: two debug-size families trained on the same data for
+the same tokens with validation and the offline lm-eval tasks, one results row each and the curves as PNGs;
+a run that fails gets a FAILED row and exit code 1; bad arguments exit 2 with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "bench" / "compare_families.py"
+SMALL = ["--config", "train_configs/debug.toml", "--tokens", "10240", "--global-batch", "4",
+         "--local-batch", "2", "--data", "default", "--heldout", "default", "--val-freq", "5",
+         "--val-steps", "2", "--warmup-steps", "2", "--log-freq", "2", "--warmup-logs", "1"]  # fmt: skip
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_families_at_equal_tokens(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    runs = ["transformer", "gated_deltaproduct:gdp_num_householder=1", "deltaformer:no_such_field=1"]
+    proc = _run([*SMALL, "--out", str(out), "--runs", *runs])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    table = (out / "results.md").read_text().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in table[2:]}
+    for run in ("transformer", "gated_deltaproduct:gdp_num_householder=1"):
+        row = dict(zip(header, rows[run], strict=True))
+        assert row["steps"] == "10" and row["tokens"] == "10,240"
+        assert 0 < float(row["final validation/loss"]) < 20 and row["at step"] in {"5", "10"}
+        assert float(row["tokens/s per GPU"].replace(",", "")) > 0
+        assert "titan_delta_tiny_mc/acc" in row and row["titan_delta_tiny_mc/acc"] != "-"
+    assert rows["deltaformer:no_such_field=1"][1].startswith("FAILED")
+    for png in ("validation_loss.png", "validation_bpb.png", "loss_metrics_global_avg_loss.png"):
+        assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--runs", "nope"], "nope_340M.toml not found"),
+        (["--runs", "transformer:x"], "expected family[:field=value,...]"),
+        (["--runs", "transformer", "--global-batch", "6", "--local-batch", "4"], "multiple of --local-batch"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str) -> None:
+    proc = _run([*args, "--tokens", "1e6", "--data", "default", "--heldout", "default"])
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

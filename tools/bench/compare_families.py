@@ -1,0 +1,218 @@
+"""Equal-token comparison of model families: the same data in the same order, the same tokens and batch,
+validation loss curves, final validation loss, tokens/s and the offline lm-eval tasks, in one table.
+
+    python tools/bench/compare_families.py --size 340M --tokens 2e8 --out outputs/compare \\
+        --data "parquet:/data/offline_corpus/train/*.parquet" \\
+        --heldout "parquet:/data/offline_corpus/heldout/*.parquet" \\
+        --runs transformer deltaformer gated_deltaproduct:gdp_num_householder=1 gated_deltaproduct \\
+               gated_deltaproduct:gdp_num_householder=3 deltaformer_swa gated_deltaproduct_swa
+
+A run is ``family[:field=value,...]``: ``train_configs/<family>_<size>.toml`` (``--config`` changes the
+pattern) with ``--model.<field> value`` for each pair, trained through ``launch/run_single_node.sh`` on
+``--gpus-per-run`` GPUs; runs go side by side while GPUs are free. Every run gets the same seed, data,
+global batch (``--global-batch`` sequences of the config's ``seq_len``) and step count (``--tokens`` /
+tokens per step, rounded up), validation every ``--val-freq`` steps on ``--heldout``, lm-eval on the
+shipped offline tasks after the last step, no checkpoints. Then ``tools/plot_curves.py`` draws the curves
+(``OUT/plots/*.png``) and ``OUT/results.md`` gets one row per run: steps, tokens, final and lowest
+validation loss, final validation bits per byte, tokens/s per GPU (mean of the log lines after the first
+``--warmup-logs``), peak memory and each lm-eval metric. Without a GPU the runs use CPU processes (a check
+of the tool, not a measure). Exit code 1 if a run failed (its row says so), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from titan_delta.trainer.scaling_report import summarize  # noqa: E402
+
+LAUNCHER = REPO / "launch" / "run_single_node.sh"
+PLOT = REPO / "tools" / "plot_curves.py"
+
+
+def parse_run(spec: str) -> tuple[str, list[str]]:
+    """``family:a=1,b=2`` -> (family, ["--model.a", "1", "--model.b", "2"])."""
+    family, _, fields = spec.partition(":")
+    overrides = []
+    for pair in filter(None, fields.split(",")):
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--runs {spec}: expected family[:field=value,...], got {pair!r}")
+        overrides += [f"--model.{name}", value]
+    return family, overrides
+
+
+def label(spec: str) -> str:
+    return spec.replace(":", "_").replace("=", "").replace(",", "_")
+
+
+def command(args: argparse.Namespace, spec: str, steps: int, dump: Path) -> list[str]:
+    family, overrides = parse_run(spec)
+    return [
+        "bash", str(LAUNCHER), "--model.name", family, *overrides, "--job.dump_folder", str(dump),
+        "--training.steps", str(steps), "--training.global_batch_size", str(args.global_batch),
+        "--training.local_batch_size", str(args.local_batch), "--training.seed", str(args.seed),
+        "--lr_scheduler.warmup_steps", str(min(args.warmup_steps, steps)),
+        "--data.sources", args.data, "--checkpoint.no-enable", "--metrics.log_freq", str(args.log_freq),
+        "--metrics.disable_color_printing", "--metrics.enable_tensorboard",
+        "--validation.enable", "--validation.dataset_path", args.heldout,
+        "--validation.freq", str(args.val_freq), "--validation.steps", str(args.val_steps),
+        "--eval.enable", "--eval.interval", "0", "--eval.at_end", "--eval.tasks", "local",
+        *args.extra,
+    ]  # fmt: skip
+
+
+def tokens_per_step(args: argparse.Namespace, config: Path) -> int:
+    import tomllib
+
+    seq_len = tomllib.loads(config.read_text()).get("training", {}).get("seq_len", 2048)
+    return args.global_batch * int(seq_len)
+
+
+def run_all(args: argparse.Namespace, steps: int) -> dict[str, int]:
+    """Trains every run, as many at once as the GPUs allow; returns each run's exit code."""
+    slots = max(1, args.available // args.gpus_per_run)
+    pending, running, codes = list(args.runs), [], {}
+    while pending or running:
+        while pending and len(running) < slots:
+            spec = pending.pop(0)
+            used = {slot for _, _, slot in running}
+            slot = next(s for s in range(slots) if s not in used)
+            family, _ = parse_run(spec)
+            dump = Path(args.out) / label(spec)
+            dump.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ, NGPU=str(args.gpus_per_run), PREFLIGHT="0",
+                       CONFIG=str(REPO / args.config.format(model=family, size=args.size)))  # fmt: skip
+            if args.cuda:
+                first = slot * args.gpus_per_run
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(args.gpus_per_run))
+            log = (dump / "train.log").open("w")
+            proc = subprocess.Popen(command(args, spec, steps, dump), cwd=REPO, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+            running.append((spec, proc, slot))
+            print(f"started {spec} (steps {steps}) -> {dump}", flush=True)
+        spec, proc, slot = running.pop(0)
+        codes[spec] = proc.wait()
+        print(f"finished {spec}: exit code {codes[spec]}", flush=True)
+    return codes
+
+
+def eval_metrics(dump: Path) -> dict[str, float]:
+    """The last eval's metrics per ``task/metric`` (``[eval] results_file``)."""
+    path = dump / "eval" / "results.jsonl"
+    if not path.is_file():
+        return {}
+    last: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        for name, value in entry.get("metrics", {}).items():
+            if isinstance(value, int | float):
+                last[f"{entry['task']}/{name}"] = float(value)
+    return last
+
+
+def curve_summary(args: argparse.Namespace, dumps: list[Path], step_tokens: int) -> dict[str, dict[str, str]]:
+    """Draws the curves (tools/plot_curves.py); returns its summary table as {run folder: {column: cell}}."""
+    plots = Path(args.out) / "plots"
+    cmd = [sys.executable, str(PLOT), *map(str, dumps), "--out-dir", str(plots), "--tokens-per-step",
+           str(step_tokens)]  # fmt: skip
+    plot = subprocess.run(cmd, capture_output=True, text=True)
+    if plot.returncode:
+        print(f"plot_curves.py: {plot.stderr.strip()}", file=sys.stderr)
+        return {}
+    lines = [line for line in plot.stdout.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+    return {row[0]: dict(zip(header, row, strict=False)) for row in rows}
+
+
+CURVE_COLUMNS = ("final validation/loss", "min validation/loss", "at step", "final validation/bpb")
+
+
+def report(args: argparse.Namespace, steps: int, step_tokens: int, codes: dict[str, int]) -> str:
+    """Plots the curves and returns the results table (Markdown)."""
+    dumps = [Path(args.out) / label(spec) for spec in args.runs]
+    ok = [d for spec, d in zip(args.runs, dumps, strict=True) if codes.get(spec) == 0]
+    curves = curve_summary(args, ok, step_tokens) if ok else {}
+    evals = {d.name: eval_metrics(d) for d in ok}
+    metric_names = sorted({name for m in evals.values() for name in m})
+    head = ["run", "steps", "tokens", "tokens/s per GPU", "peak GiB", *CURVE_COLUMNS, *metric_names]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for spec, dump in zip(args.runs, dumps, strict=True):
+        if codes.get(spec) != 0:
+            rows.append(f"| {spec} | FAILED (exit {codes.get(spec)}, {dump / 'train.log'}) |")
+            continue
+        summary = summarize(dump / "train.log", args.warmup_logs)
+        speed = [f"{summary[0]:,.0f}", f"{summary[2]:.1f}"] if summary else ["-", "-"]
+        curve = [curves.get(dump.name, {}).get(column, "-") for column in CURVE_COLUMNS]
+        values = [f"{evals[dump.name][n]:.4f}" if n in evals[dump.name] else "-" for n in metric_names]
+        cells = [spec, str(steps), f"{steps * step_tokens:,}", *speed, *curve, *values]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--runs", nargs="+", required=True, help="family[:field=value,...] per run")
+    parser.add_argument("--size", default="340M")
+    parser.add_argument("--config", default="train_configs/{model}_{size}.toml", help="config path pattern")
+    parser.add_argument("--tokens", type=float, required=True, help="training tokens per run")
+    parser.add_argument("--global-batch", type=int, default=64, help="sequences per step, every run")
+    parser.add_argument("--local-batch", type=int, default=16, help="sequences per GPU and micro-batch")
+    parser.add_argument("--gpus-per-run", type=int, default=1)
+    parser.add_argument("--data", required=True, help="[data] sources spelling of the training text")
+    parser.add_argument("--heldout", required=True, help="[validation] dataset_path of the held-out text")
+    parser.add_argument("--val-freq", type=int, default=100)
+    parser.add_argument("--val-steps", type=int, default=20)
+    parser.add_argument("--warmup-steps", type=int, default=200, help="learning-rate warm-up (every run)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-freq", type=int, default=10)
+    parser.add_argument("--warmup-logs", type=int, default=2, help="log lines left out of tokens/s")
+    parser.add_argument("--out", default="outputs/compare")
+    parser.add_argument("extra", nargs="*", help="more trainer overrides for every run, after --")
+    args = parser.parse_args(argv)
+    try:
+        for spec in args.runs:
+            parse_run(spec)
+    except ValueError as e:
+        print(f"compare_families.py: {e}", file=sys.stderr)
+        return 2
+    families = {parse_run(spec)[0] for spec in args.runs}
+    configs = {f: REPO / args.config.format(model=f, size=args.size) for f in sorted(families)}
+    problem = next((f"--runs: {c} not found" for c in configs.values() if not c.is_file()), None)
+    if problem is None and args.tokens <= 0:
+        problem = f"--tokens {args.tokens}: expected > 0"
+    batches = args.global_batch, args.local_batch
+    if problem is None and (min(batches) < 1 or args.global_batch % args.local_batch):
+        problem = f"--global-batch {batches[0]}: expected a positive multiple of --local-batch {batches[1]}"
+    if problem:
+        print(f"compare_families.py: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    args.cuda = torch.cuda.is_available()
+    args.available = torch.cuda.device_count() if args.cuda else args.gpus_per_run
+    step_tokens = {tokens_per_step(args, c) for c in configs.values()}
+    if len(step_tokens) != 1:
+        print(f"compare_families.py: the configs' seq_len differ ({sorted(step_tokens)} tokens per step)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    step_tokens_value = step_tokens.pop()
+    steps = math.ceil(args.tokens / step_tokens_value)
+    codes = run_all(args, steps)
+    table = report(args, steps, step_tokens_value, codes)
+    (Path(args.out) / "results.md").write_text(table + "\n")
+    print(table)
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import logging
 import math
 import os
 import re
@@ -22,6 +23,10 @@ import sys
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+# tensorboard's event reader logs every file it opens at INFO: noise on the tool's stderr, which carries
+# only the one-line errors
+logging.getLogger("tensorboard").setLevel(logging.WARNING)
 
 try:
     import matplotlib

@@ -29,10 +29,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from titan_delta.trainer.scaling_report import summarize  # noqa: E402
+from titan_delta.trainer.scaling_report import summarize
 
+REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "run_single_node.sh"
 PLOT = REPO / "tools" / "plot_curves.py"
 

@@ -19,15 +19,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_KERNEL_SIZE = 8  # the Triton op's limit (titan_delta_kernels.short_conv)
-
 
 def _kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Where the Triton op runs: CUDA tensors of dtypes and a width it supports (tests patch this to run it
-    on CPU under TRITON_INTERPRET=1)."""
+    """Where the Triton op runs: CUDA tensors of the dtypes and widths it takes, by the op's own limits
+    (tests patch this to run it on CPU under TRITON_INTERPRET=1)."""
+    if not x.is_cuda:
+        return False
+    try:
+        from titan_delta_kernels.short_conv.conv import KERNEL_DTYPES, MAX_KERNEL_SIZE
+    except ImportError:
+        return False
     supported = x.dtype in KERNEL_DTYPES and weight.dtype in KERNEL_DTYPES
-    return x.is_cuda and supported and weight.shape[-1] <= MAX_KERNEL_SIZE
+    return supported and weight.shape[-1] <= MAX_KERNEL_SIZE
 
 
 def _load_triton_conv():

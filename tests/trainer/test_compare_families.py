@@ -37,9 +37,19 @@ def test_two_families_at_equal_tokens(tmp_path: Path) -> None:
         assert 0 < float(row["final validation/loss"]) < 20 and row["at step"] in {"3", "6"}
         assert float(row["tokens/s per GPU"].replace(",", "")) > 0
         assert "titan_delta_tiny_mc/acc" in row and row["titan_delta_tiny_mc/acc"] != "-"
+        assert row["device"] == "CPU x1"
     assert rows["deltaformer:no_such_field=1"][1].startswith("FAILED")
     for png in ("validation_loss.png", "validation_bpb.png", "loss_metrics_global_avg_loss.png"):
         assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The table rebuilt from the run folders alone: the same rows, and a run never trained says so.
+    (out / "plots").rename(out / "plots_first")
+    again = _run([*SMALL, "--out", str(out), "--report-only", "--runs", *runs[:2], "transformer:n_layers=2"])
+    assert again.returncode == 1, again.stderr[-2000:]
+    rebuilt = (out / "results.md").read_text().splitlines()
+    assert rebuilt[:4] == table[:4]
+    assert "NOT RUN" in rebuilt[4] and not (out / "transformer_n_layers2").exists()
+    assert (out / "plots" / "validation_loss.png").is_file()
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,12 @@ tokens per step, rounded up), validation every ``--val-freq`` steps on ``--heldo
 shipped offline tasks after the last step, no checkpoints. Then ``tools/plot_curves.py`` draws the curves
 (``OUT/plots/*.png``) and ``OUT/results.md`` gets one row per run: steps, tokens, final and lowest
 validation loss, final validation bits per byte, tokens/s per GPU (mean of the log lines after the first
-``--warmup-logs``), peak memory and each lm-eval metric. Without a GPU the runs use CPU processes (a check
-of the tool, not a measure). Exit code 1 if a run failed (its row says so), 2 for bad arguments.
+``--warmup-logs``), peak memory, the device and each lm-eval metric. Without a GPU the runs use CPU
+processes (a check of the tool, not a measure). Each run folder keeps ``exit_code`` and ``device.txt``, so
+``--report-only`` rebuilds ``results.md`` and the plots from run folders trained by earlier invocations
+(e.g. on several machines, copied into one ``--out``; tokens/s compare only between rows of one device).
+Exit code 1 if a run failed or (``--report-only``) has no ``exit_code`` (its row says so), 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def run_all(args: argparse.Namespace, steps: int) -> dict[str, int]:
             if args.cuda:
                 first = slot * args.gpus_per_run
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(args.gpus_per_run))
+            (dump / "device.txt").write_text(f"{device_name(args)} x{args.gpus_per_run}\n")
             log = (dump / "train.log").open("w")
             proc = subprocess.Popen(command(args, spec, steps, dump), cwd=REPO, env=env, stdout=log,
                                     stderr=subprocess.STDOUT)  # fmt: skip
@@ -99,7 +104,24 @@ def run_all(args: argparse.Namespace, steps: int) -> dict[str, int]:
             print(f"started {spec} (steps {steps}) -> {dump}", flush=True)
         spec, proc, slot = running.pop(0)
         codes[spec] = proc.wait()
+        (Path(args.out) / label(spec) / "exit_code").write_text(f"{codes[spec]}\n")
         print(f"finished {spec}: exit code {codes[spec]}", flush=True)
+    return codes
+
+
+def device_name(args: argparse.Namespace) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if args.cuda else "CPU"
+
+
+def recorded_codes(args: argparse.Namespace) -> dict[str, int]:
+    """Exit codes of runs trained earlier (``exit_code`` in each run folder); runs without one left out."""
+    codes = {}
+    for spec in args.runs:
+        path = Path(args.out) / label(spec) / "exit_code"
+        if path.is_file():
+            codes[spec] = int(path.read_text())
     return codes
 
 
@@ -142,17 +164,21 @@ def report(args: argparse.Namespace, steps: int, step_tokens: int, codes: dict[s
     curves = curve_summary(args, ok, step_tokens) if ok else {}
     evals = {d.name: eval_metrics(d) for d in ok}
     metric_names = sorted({name for m in evals.values() for name in m})
-    head = ["run", "steps", "tokens", "tokens/s per GPU", "peak GiB", *CURVE_COLUMNS, *metric_names]
+    head = ["run", "steps", "tokens", "tokens/s per GPU", "peak GiB", "device", *CURVE_COLUMNS, *metric_names]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, dump in zip(args.runs, dumps, strict=True):
-        if codes.get(spec) != 0:
-            rows.append(f"| {spec} | FAILED (exit {codes.get(spec)}, {dump / 'train.log'}) |")
+        if spec not in codes:
+            rows.append(f"| {spec} | NOT RUN (no {dump / 'exit_code'}) |")
+            continue
+        if codes[spec] != 0:
+            rows.append(f"| {spec} | FAILED (exit {codes[spec]}, {dump / 'train.log'}) |")
             continue
         summary = summarize(dump / "train.log", args.warmup_logs)
         speed = [f"{summary[0]:,.0f}", f"{summary[2]:.1f}"] if summary else ["-", "-"]
         curve = [curves.get(dump.name, {}).get(column, "-") for column in CURVE_COLUMNS]
         values = [f"{evals[dump.name][n]:.4f}" if n in evals[dump.name] else "-" for n in metric_names]
-        cells = [spec, str(steps), f"{steps * step_tokens:,}", *speed, *curve, *values]
+        device = (dump / "device.txt").read_text().strip() if (dump / "device.txt").is_file() else "-"
+        cells = [spec, str(steps), f"{steps * step_tokens:,}", *speed, device, *curve, *values]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -176,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-freq", type=int, default=10)
     parser.add_argument("--warmup-logs", type=int, default=2, help="log lines left out of tokens/s")
     parser.add_argument("--out", default="outputs/compare")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: results.md and plots from the run folders already in --out",
+    )
     parser.add_argument("extra", nargs="*", help="more trainer overrides for every run, after --")
     args = parser.parse_args(argv)
     try:
@@ -206,11 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     step_tokens_value = step_tokens.pop()
     steps = math.ceil(args.tokens / step_tokens_value)
-    codes = run_all(args, steps)
+    codes = recorded_codes(args) if args.report_only else run_all(args, steps)
     table = report(args, steps, step_tokens_value, codes)
     (Path(args.out) / "results.md").write_text(table + "\n")
     print(table)
-    return 0 if all(code == 0 for code in codes.values()) else 1
+    return 0 if all(codes.get(spec) == 0 for spec in args.runs) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ a run that fails gets a FAILED row and exit code 1; bad arguments exit 2 with on
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,12 +43,19 @@ def test_two_families_at_equal_tokens(tmp_path: Path) -> None:
     for png in ("validation_loss.png", "validation_bpb.png", "loss_metrics_global_avg_loss.png"):
         assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # The table rebuilt from the run folders alone: the same rows, and a run never trained says so.
+    # The table rebuilt from the run folders alone: the same rows; a run stopped from outside (no exit_code)
+    # is INCOMPLETE with its curves and no lm-eval; a run never trained says so.
     (out / "plots").rename(out / "plots_first")
+    stopped_run = out / "gated_deltaproduct_gdp_num_householder1"
+    (stopped_run / "exit_code").unlink()
+    shutil.rmtree(stopped_run / "eval")
     again = _run([*SMALL, "--out", str(out), "--report-only", "--runs", *runs[:2], "transformer:n_layers=2"])
     assert again.returncode == 1, again.stderr[-2000:]
     rebuilt = (out / "results.md").read_text().splitlines()
-    assert rebuilt[:4] == table[:4]
+    assert rebuilt[:3] == table[:3]
+    stopped = dict(zip(header, [c.strip() for c in rebuilt[3].strip("|").split("|")], strict=True))
+    assert stopped["steps"] == "INCOMPLETE: 6 of 6" and stopped["titan_delta_tiny_mc/acc"] == "-"
+    assert stopped["final validation/loss"] == rows["gated_deltaproduct:gdp_num_householder=1"][6]
     assert "NOT RUN" in rebuilt[4] and not (out / "transformer_n_layers2").exists()
     assert (out / "plots" / "validation_loss.png").is_file()
 

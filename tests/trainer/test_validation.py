@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.trainer.helpers import DEBUG_CONFIG, from_seed, parsed_debug_config, 
 from titan_delta.trainer import registered_families
 from titan_delta.trainer.config_checks import ConfigError, check_job_config
 from titan_delta.trainer.path_checks import check_paths
+from titan_delta.trainer.validation import HeldOutValidator
 
 LOSS = "loss_metrics/global_avg_loss"
 RUN = ["--training.steps", "4", "--training.local_batch_size", "2", "--checkpoint.interval", "3"]
@@ -52,6 +54,12 @@ def test_logged_every_freq_steps_without_changing_training(tmp_path, seed_checkp
     train(plain, [*from_seed(seed_checkpoint), *RUN, "--training.global_batch_size", "4"])
     assert scalars(plain, LOSS) == scalars(single, LOSS)
     assert not scalars(plain, "validation/loss")
+
+
+def test_every_freq_steps_and_the_last():
+    config = SimpleNamespace(validation=SimpleNamespace(freq=3), training=SimpleNamespace(steps=8))
+    validator = SimpleNamespace(job_config=config)
+    assert [s for s in range(1, 9) if HeldOutValidator.should_validate(validator, s)] == [3, 6, 8]
 
 
 def test_fsdp_matches_single_process_and_saves_after_validation(tmp_path, seed_checkpoint, held_out, single):

@@ -83,7 +83,8 @@ class HeldOutValidator(BaseValidator):
         self._byte_lengths: torch.Tensor | None = None
 
     def should_validate(self, step: int) -> bool:
-        return step % self.job_config.validation.freq == 0
+        # The last step too: a run's final validation loss is the one runs are compared by.
+        return step % self.job_config.validation.freq == 0 or step == self.job_config.training.steps
 
     def _held_out_rows(self) -> Iterator[Batch]:
         """Single rows (batch dimension 1) of the held-out set from its start, in a fixed order."""

@@ -19,8 +19,9 @@ validation loss, final validation bits per byte, tokens/s per GPU (mean of the l
 processes (a check of the tool, not a measure). Each run folder keeps ``exit_code`` and ``device.txt``, so
 ``--report-only`` rebuilds ``results.md`` and the plots from run folders trained by earlier invocations
 (e.g. on several machines, copied into one ``--out``; tokens/s compare only between rows of one device).
-Exit code 1 if a run failed or (``--report-only``) has no ``exit_code`` (its row says so), 2 for bad
-arguments.
+A run folder without ``exit_code`` but with a ``train.log`` (a run stopped from outside, e.g. at a time
+limit) gets an INCOMPLETE row: the step it reached, its curves, no lm-eval. Exit code 1 unless every run
+finished with exit code 0 (the rows say which did not), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,31 +156,45 @@ def curve_summary(args: argparse.Namespace, dumps: list[Path], step_tokens: int)
     return {row[0]: dict(zip(header, row, strict=False)) for row in rows}
 
 
+STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:")
 CURVE_COLUMNS = ("final validation/loss", "min validation/loss", "at step", "final validation/bpb")
 
 
+def last_step(log: Path) -> int | None:
+    """The last step a run's train.log reports a metrics line for (None without one)."""
+    if not log.is_file():
+        return None
+    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log.read_text(errors="replace"))]
+    return steps[-1] if steps else None
+
+
 def report(args: argparse.Namespace, steps: int, step_tokens: int, codes: dict[str, int]) -> str:
-    """Plots the curves and returns the results table (Markdown)."""
+    """Plots the curves and returns the results table (Markdown). A run with no exit code but a train.log
+    (stopped from outside, e.g. at a time limit) gets an INCOMPLETE row with what it logged and its curves."""
     dumps = [Path(args.out) / label(spec) for spec in args.runs]
-    ok = [d for spec, d in zip(args.runs, dumps, strict=True) if codes.get(spec) == 0]
-    curves = curve_summary(args, ok, step_tokens) if ok else {}
-    evals = {d.name: eval_metrics(d) for d in ok}
+    reached = {spec: last_step(d / "train.log") for spec, d in zip(args.runs, dumps, strict=True)}
+    shown = [d for spec, d in zip(args.runs, dumps, strict=True)
+             if codes.get(spec) == 0 or (spec not in codes and reached[spec])]  # fmt: skip
+    curves = curve_summary(args, shown, step_tokens) if shown else {}
+    evals = {d.name: eval_metrics(d) for d in shown}
     metric_names = sorted({name for m in evals.values() for name in m})
     head = ["run", "steps", "tokens", "tokens/s per GPU", "peak GiB", "device", *CURVE_COLUMNS, *metric_names]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, dump in zip(args.runs, dumps, strict=True):
-        if spec not in codes:
+        if spec not in codes and not reached[spec]:
             rows.append(f"| {spec} | NOT RUN (no {dump / 'exit_code'}) |")
             continue
-        if codes[spec] != 0:
+        if spec in codes and codes[spec] != 0:
             rows.append(f"| {spec} | FAILED (exit {codes[spec]}, {dump / 'train.log'}) |")
             continue
+        done = steps if spec in codes else reached[spec]
+        step_cell = str(steps) if spec in codes else f"INCOMPLETE: {done} of {steps}"
         summary = summarize(dump / "train.log", args.warmup_logs)
         speed = [f"{summary[0]:,.0f}", f"{summary[2]:.1f}"] if summary else ["-", "-"]
         curve = [curves.get(dump.name, {}).get(column, "-") for column in CURVE_COLUMNS]
         values = [f"{evals[dump.name][n]:.4f}" if n in evals[dump.name] else "-" for n in metric_names]
         device = (dump / "device.txt").read_text().strip() if (dump / "device.txt").is_file() else "-"
-        cells = [spec, str(steps), f"{steps * step_tokens:,}", *speed, device, *curve, *values]
+        cells = [spec, step_cell, f"{done * step_tokens:,}", *speed, device, *curve, *values]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -23,7 +23,8 @@ fi
 cp "$corpus"/{manifest.json,SOURCES.md,EXCLUDED.md} "$out"/ 2>/dev/null
 # 131M parameters (transformer, deltaformer) / 145M (gated_deltaproduct, n_h 2) on the 340M recipe:
 # d 768, 15 layers, 12 attention heads of 64, 3 Gated DeltaProduct heads of key dim 128; no activation
-# checkpointing (fits 80 GB at local batch 16 for every family).
+# checkpointing (at local batch 16 on H100s: 17.8-29.7 GiB peak for transformer, deltaformer and
+# gated_deltaproduct n_h 1 and 2, docs/results.md).
 python3 tools/bench/compare_families.py --size 340M --tokens "${TOKENS:-2e8}" \
   --global-batch "${GLOBAL_BATCH:-128}" --local-batch 16 --gpus-per-run "${GPUS_PER_RUN:-4}" \
   --warmup-steps 100 --val-freq "${VAL_FREQ:-50}" --val-steps -1 --log-freq 10 --warmup-logs 3 \

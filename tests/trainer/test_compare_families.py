@@ -31,7 +31,7 @@ def test_two_families_at_equal_tokens(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     table = (out / "results.md").read_text().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in table[2:]}
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in table[2:5]}
     for run in ("transformer", "gated_deltaproduct:gdp_num_householder=1"):
         row = dict(zip(header, rows[run], strict=True))
         assert row["steps"] == "6" and row["tokens"] == "6,144"
@@ -40,6 +40,10 @@ def test_two_families_at_equal_tokens(tmp_path: Path) -> None:
         assert "titan_delta_tiny_mc/acc" in row and row["titan_delta_tiny_mc/acc"] != "-"
         assert row["device"] == "CPU x1"
     assert rows["deltaformer:no_such_field=1"][1].startswith("FAILED")
+    by_step = table[table.index("| step | " + " | ".join(runs) + " |") + 2 :]
+    assert [line.split("|")[1].strip() for line in by_step] == ["6"]  # every 2 x val-freq, and the last
+    final = dict(zip(header, rows["transformer"], strict=True))["final validation/loss"]
+    assert by_step[0].split("|")[2].strip() == final and by_step[0].split("|")[4].strip() == "—"
     for png in ("validation_loss.png", "validation_bpb.png", "loss_metrics_global_avg_loss.png"):
         assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -15,7 +15,8 @@ tokens per step, rounded up), validation every ``--val-freq`` steps on ``--heldo
 shipped offline tasks after the last step, no checkpoints. Then ``tools/plot_curves.py`` draws the curves
 (``OUT/plots/*.png``) and ``OUT/results.md`` gets one row per run: steps, tokens, final and lowest
 validation loss, final validation bits per byte, tokens/s per GPU (mean of the log lines after the first
-``--warmup-logs``), peak memory, the device and each lm-eval metric. Without a GPU the runs use CPU
+``--warmup-logs``), peak memory, the device and each lm-eval metric, then every run's validation loss
+every ``--table-every`` steps. Without a GPU the runs use CPU
 processes (a check of the tool, not a measure). Each run folder keeps ``exit_code`` and ``device.txt``, so
 ``--report-only`` rebuilds ``results.md`` and the plots from run folders trained by earlier invocations
 (e.g. on several machines, copied into one ``--out``; tokens/s compare only between rows of one device).
@@ -157,6 +158,7 @@ def curve_summary(args: argparse.Namespace, dumps: list[Path], step_tokens: int)
 
 
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:")
+VALIDATION_LINE = re.compile(r"validation at step (\d+): loss ([0-9.]+)")
 CURVE_COLUMNS = ("final validation/loss", "min validation/loss", "at step", "final validation/bpb")
 
 
@@ -166,6 +168,28 @@ def last_step(log: Path) -> int | None:
         return None
     steps = [int(m.group(1)) for m in STEP_LINE.finditer(log.read_text(errors="replace"))]
     return steps[-1] if steps else None
+
+
+def validation_losses(log: Path) -> dict[int, float]:
+    """{step: validation loss} from a run's train.log (rank 0's lines)."""
+    if not log.is_file():
+        return {}
+    text = log.read_text(errors="replace")
+    return {int(m.group(1)): float(m.group(2)) for m in VALIDATION_LINE.finditer(text)}
+
+
+def validation_table(args: argparse.Namespace, every: int) -> str:
+    """Validation loss of every run at each multiple of ``every`` steps and at each run's last validation."""
+    losses = {spec: validation_losses(Path(args.out) / label(spec) / "train.log") for spec in args.runs}
+    steps = sorted({s for run in losses.values() for s in run if s % every == 0}
+                   | {max(run) for run in losses.values() if run})  # fmt: skip
+    if not steps:
+        return ""
+    rows = ["| step | " + " | ".join(args.runs) + " |", "|---|" + "---|" * len(args.runs)]
+    for step in steps:
+        cells = [f"{losses[spec][step]:.4f}" if step in losses[spec] else "—" for spec in args.runs]
+        rows.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def report(args: argparse.Namespace, steps: int, step_tokens: int, codes: dict[str, int]) -> str:
@@ -213,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", required=True, help="[validation] dataset_path of the held-out text")
     parser.add_argument("--val-freq", type=int, default=100)
     parser.add_argument("--val-steps", type=int, default=20)
+    parser.add_argument(
+        "--table-every",
+        type=int,
+        default=0,
+        help="steps between rows of the validation-loss table (default 2 x --val-freq)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=200, help="learning-rate warm-up (every run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-freq", type=int, default=10)
@@ -255,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = math.ceil(args.tokens / step_tokens_value)
     codes = recorded_codes(args) if args.report_only else run_all(args, steps)
     table = report(args, steps, step_tokens_value, codes)
+    curve = validation_table(args, args.table_every or 2 * args.val_freq)
+    if curve:
+        table += f"\n\nValidation loss by step ({step_tokens_value:,} tokens per step):\n\n{curve}"
     (Path(args.out) / "results.md").write_text(table + "\n")
     print(table)
     return 0 if all(codes.get(spec) == 0 for spec in args.runs) else 1

@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from titan_delta.trainer.scaling_report import summarize
+from titan_delta.trainer.scaling_report import METRICS, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "run_single_node.sh"
@@ -157,7 +157,6 @@ def curve_summary(args: argparse.Namespace, dumps: list[Path], step_tokens: int)
     return {row[0]: dict(zip(header, row, strict=False)) for row in rows}
 
 
-STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:")
 VALIDATION_LINE = re.compile(r"validation at step (\d+): loss ([0-9.]+)")
 CURVE_COLUMNS = ("final validation/loss", "min validation/loss", "at step", "final validation/bpb")
 
@@ -166,7 +165,7 @@ def last_step(log: Path) -> int | None:
     """The last step a run's train.log reports a metrics line for (None without one)."""
     if not log.is_file():
         return None
-    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log.read_text(errors="replace"))]
+    steps = [int(m.group(1)) for m in METRICS.finditer(log.read_text(errors="replace"))]
     return steps[-1] if steps else None
 
 

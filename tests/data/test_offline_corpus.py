@@ -15,7 +15,12 @@ import pytest
 from tests.data.helpers import make_loader, take
 from titan_delta.data import DataConfig
 from titan_delta.data.offline_corpus import build, is_heldout, pretokenize_splits
-from titan_delta.data.offline_sources import decide_licence, file_licence_problem, site_sources
+from titan_delta.data.offline_sources import (
+    EDITABLE_REASON,
+    decide_licence,
+    file_licence_problem,
+    site_sources,
+)
 from titan_delta.data.pretokenized import TokenShards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,3 +271,17 @@ def test_egg_info_files_come_from_top_level_names(tmp_path):
         "eggpkg": ["eggpkg/a.py", "eggpkg/sub/b.py"],
         "wheelpkg": ["eggpkg/claimed.py"],
     }
+
+
+def test_editable_installs_are_left_out(tmp_path):
+    """A checkout installed with ``pip install -e`` changes with every commit and path: never a source."""
+    site = tmp_path / "site-packages"
+    dist(site, "released", "1.0", "License: MIT", {"released/a.py": CODE.format(k=1)})
+    dist(site, "checkout", "0.1", "License: MIT", {"__editable___checkout_finder.py": CODE.format(k=2)})
+    (site / "checkout-0.1.dist-info/direct_url.json").write_text(
+        '{"url": "file:///somewhere/checkout", "dir_info": {"editable": true}}'
+    )
+    (site / "released-1.0.dist-info/direct_url.json").write_text('{"url": "file:///w/r.whl", "dir_info": {}}')
+    kept, excluded = site_sources(site)
+    assert [s.name for s in kept] == ["released"]
+    assert [(e["name"], e["reason"]) for e in excluded] == [("checkout", EDITABLE_REASON)]

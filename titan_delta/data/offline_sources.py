@@ -3,14 +3,16 @@
 A source is one installed distribution (a ``*.dist-info`` / ``*.egg-info`` folder: licence from its metadata,
 files from ``RECORD``, ``installed-files.txt`` or ``top_level.txt``) or one Python standard library (PSF).
 Only clearly permissive licences are kept (:data:`PERMISSIVE`); anything copyleft, proprietary, unrecognised
-or missing is excluded with the reason. Files are checked again one by one (:func:`file_licence_problem`)
-because wheels vendor third-party files under other terms (e.g. NVIDIA's CUDA headers inside ``triton``).
+or missing is excluded with the reason, as are editable installs (source checkouts). Files are checked again
+one by one (:func:`file_licence_problem`) because wheels vendor third-party files under other terms (e.g.
+NVIDIA's CUDA headers inside ``triton``).
 """
 
 from __future__ import annotations
 
 import email.parser
 import glob
+import json
 import os
 import re
 import sys
@@ -78,6 +80,9 @@ FILE_NOTICE = re.compile(
 )
 SKIP_DIR = re.compile(r"site-packages|dist-packages|__pycache__|lib-dynload|config-.*|.*\.(dist|egg)-info")
 SITE_NAMES = ("site-packages", "dist-packages")
+# A working tree is not a release: its README and path hooks change with the checkout and the machine, so two
+# builds at different commits or paths would give different token streams.
+EDITABLE_REASON = "editable install (a source checkout, not a release)"
 # Python prefixes looked at (besides this interpreter's): system, conda, /opt installs, pyenv, user installs.
 PREFIX_GLOBS = "/usr /usr/local /opt/conda /opt/conda/envs/* /opt/* ~/.pyenv/versions/* ~/.local ~/*conda*"
 SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*]+?)\s*(?:\*/|-->|$)", re.M)
@@ -266,6 +271,8 @@ def site_sources(root: Path) -> tuple[list[Source], list[dict]]:
         name = re.sub(r"[-_.]+", "-", (meta.get("Name") or info.name.split("-")[0]).strip().lower())
         version = (meta.get("Version") or "").strip()
         licence, reason = decide_licence(meta)
+        if is_editable(info):
+            licence, reason = "", EDITABLE_REASON
         if not licence:
             excluded.append({"name": name, "version": version, "root": str(root), "reason": reason})
             continue
@@ -274,6 +281,14 @@ def site_sources(root: Path) -> tuple[list[Source], list[dict]]:
             Source(name, version, licence, [str(root)], owned_files(root, info, claimed), description.strip())
         )
     return kept, excluded
+
+
+def is_editable(info: Path) -> bool:
+    """Installed with ``pip install -e``: PEP 610's ``direct_url.json`` says ``dir_info.editable``."""
+    try:
+        return bool(json.loads((info / "direct_url.json").read_text()).get("dir_info", {}).get("editable"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def owned_files(root: Path, info: Path, claimed: set[str]) -> list[tuple[Path, str]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import torch
+
 from titan_delta_kernels._launch import next_power_of_2
 from titan_delta_kernels.deltaformer._common import interpreting
 
@@ -88,3 +90,22 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         solve_launch=(4 if small else 8, 2),
         value_block=value_block,
     )
+
+
+MIN_ROWS_PER_SPLIT = 4  # row tiles per split of the later-rows sum: fewer only adds slabs to sum
+PROGRAMS_PER_SM = 2  # splits stop once the key programs times the splits fill the SMs this many times
+
+
+def later_rows_splits(rows: int, row_tile: int, key_programs: int, device: torch.device) -> tuple[int, int]:
+    """(splits, rows per split, a multiple of ``row_tile``) of a superblock's sum over ``rows`` later rows."""
+    slots = PROGRAMS_PER_SM * _multiprocessors(device)
+    splits = max(1, min(-(-rows // (MIN_ROWS_PER_SPLIT * row_tile)), -(-slots // key_programs)))
+    per_split = -(-rows // splits)
+    return splits, -(-per_split // row_tile) * row_tile
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda" or interpreting():
+        return 4  # the interpreter: a few programs, so CPU tests split at small lengths
+    return torch.cuda.get_device_properties(device).multi_processor_count

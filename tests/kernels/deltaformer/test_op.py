@@ -31,6 +31,8 @@ CPU_CASES = {
     # width > 64: the superblock backward (64-column value slices: two programs per (b, h) at Dv = 80)
     "wide_values_varlen": (1, 101, 1, 16, 80, False, [0, 1, 40, 40, 101]),
     "wide_keys_sep_w": (1, 50, 1, 72, 16, True, None),
+    # the later-rows sum of the first backward superblocks split over rows (two slabs), batch of two
+    "wide_keys_row_splits_batch": (2, 120, 1, 72, 16, False, None),
 }
 
 

@@ -7,7 +7,8 @@
 #   source tools/bench/env.sh && bash tools/bench/run_comparison.sh OUT_DIR transformer deltaformer ...
 #
 # Environment: CORPUS (/tmp/offline_corpus), TOKENS (2e8), GPUS_PER_RUN (4), GLOBAL_BATCH (128 sequences of
-# 2048), VAL_FREQ (50), THREADS (12, corpus build). Runs of one OUT_DIR made by several invocations (e.g.
+# 2048), VAL_FREQ (50), SEED (0: model initialisation; the data order is the same for every seed; give each
+# seed its own OUT_DIR), THREADS (12, corpus build). Runs of one OUT_DIR made by several invocations (e.g.
 # on several leases) go into one table with `compare_families.py --report-only` and the same arguments.
 set -uo pipefail
 out="${1:?usage: tools/bench/run_comparison.sh OUT_DIR RUN [RUN ...]}"
@@ -26,7 +27,7 @@ cp "$corpus"/{manifest.json,SOURCES.md,EXCLUDED.md} "$out"/ 2>/dev/null
 # checkpointing (at local batch 16 on H100s: 17.8-29.7 GiB peak for transformer, deltaformer and
 # gated_deltaproduct n_h 1 and 2, docs/results.md).
 python3 tools/bench/compare_families.py --size 340M --tokens "${TOKENS:-2e8}" \
-  --global-batch "${GLOBAL_BATCH:-128}" --local-batch 16 --gpus-per-run "${GPUS_PER_RUN:-4}" \
+  --global-batch "${GLOBAL_BATCH:-128}" --local-batch 16 --seed "${SEED:-0}" --gpus-per-run "${GPUS_PER_RUN:-4}" \
   --warmup-steps 100 --val-freq "${VAL_FREQ:-50}" --val-steps -1 --log-freq 10 --warmup-logs 3 \
   --data "parquet:$corpus/train/*.parquet" --heldout "parquet:$corpus/heldout/*.parquet" \
   --out "$out" --runs "$@" -- --model.dim 768 --model.n_layers 15 --model.n_heads 12 \

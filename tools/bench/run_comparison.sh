@@ -22,12 +22,13 @@ if [ ! -f "$corpus/pretokenized/train/index.json" ]; then
   echo "corpus build: exit $? in $(($(date +%s) - start)) s" | tee -a "$out/corpus_build.log"
 fi
 cp "$corpus"/{manifest.json,SOURCES.md,EXCLUDED.md} "$out"/ 2>/dev/null
-# 131M parameters (transformer, deltaformer) / 145M (gated_deltaproduct, n_h 2) on the 340M recipe:
+# 131M parameters (transformer, deltaformer) to 158M (gated_deltaproduct, n_h 3) on the 340M recipe:
 # d 768, 15 layers, 12 attention heads of 64, 3 Gated DeltaProduct heads of key dim 128; no activation
-# checkpointing (at local batch 16 on H100s: 17.8-29.7 GiB peak for transformer, deltaformer and
-# gated_deltaproduct n_h 1 and 2, docs/results.md).
+# checkpointing (at local batch 16 on H100s: 17.8-35.9 GiB peak over the seven runs of docs/results.md,
+# the most for gated_deltaproduct n_h 3).
 python3 tools/bench/compare_families.py --size 340M --tokens "${TOKENS:-2e8}" \
-  --global-batch "${GLOBAL_BATCH:-128}" --local-batch 16 --seed "${SEED:-0}" --gpus-per-run "${GPUS_PER_RUN:-4}" \
+  --global-batch "${GLOBAL_BATCH:-128}" --local-batch 16 --seed "${SEED:-0}" \
+  --gpus-per-run "${GPUS_PER_RUN:-4}" \
   --warmup-steps 100 --val-freq "${VAL_FREQ:-50}" --val-steps -1 --log-freq 10 --warmup-logs 3 \
   --data "parquet:$corpus/train/*.parquet" --heldout "parquet:$corpus/heldout/*.parquet" \
   --out "$out" --runs "$@" -- --model.dim 768 --model.n_layers 15 --model.n_heads 12 \

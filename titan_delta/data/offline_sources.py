@@ -270,9 +270,7 @@ def site_sources(root: Path) -> tuple[list[Source], list[dict]]:
         meta = email.parser.Parser().parsestr(meta_file.read_text(errors="replace"))
         name = re.sub(r"[-_.]+", "-", (meta.get("Name") or info.name.split("-")[0]).strip().lower())
         version = (meta.get("Version") or "").strip()
-        licence, reason = decide_licence(meta)
-        if is_editable(info):
-            licence, reason = "", EDITABLE_REASON
+        licence, reason = ("", EDITABLE_REASON) if is_editable(info) else decide_licence(meta)
         if not licence:
             excluded.append({"name": name, "version": version, "root": str(root), "reason": reason})
             continue

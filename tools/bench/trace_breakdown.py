@@ -15,12 +15,13 @@ traces. Per trace, over the profiled step (the ``ProfilerStep#`` span on the hos
 - the largest kernel groups by GPU time (GEMMs, NCCL, Triton kernels by name, elementwise ...).
 
 With ``--components FFN_HIDDEN,VOCAB`` (the model's SwiGLU width and vocabulary, e.g. ``2816,16384`` at
-340M) it also splits the step's kernel time by model component: the mixer op (this project's Triton
-kernels, flash/cuDNN/flex attention), GEMMs by their operand sizes (read from the launching ``aten::mm``
-and the like, so the trace needs ``record_shapes``, which the trainer's profiler sets: a size equal to
-VOCAB is the LM head, one equal to FFN_HIDDEN the MLP, the rest the mixer's projections), convolutions,
-the loss, the optimizer, and the remaining fused elementwise/reduction kernels (norms, gates,
-activations, RoPE). GEMM time is per kernel, so sizes must not collide (the flavors' widths do not).
+340M) it also splits the step's kernel time by model component: the mixer op (this project's Triton kernels
+other than the short convolution's, flash/cuDNN/flex attention), GEMMs by their operand sizes (read from the
+launching ``aten::mm`` and the like, so the trace needs ``record_shapes``, which the trainer's profiler
+sets: a size equal to VOCAB is the LM head, one equal to FFN_HIDDEN the MLP, the rest the mixer's
+projections), convolutions (the short-conv op's kernels, cuDNN's, and inductor kernels fused around them),
+the loss, the optimizer, and the remaining fused elementwise/reduction kernels (norms, gates, activations,
+RoPE). GEMM time is per kernel, so sizes must not collide (the flavors' widths do not).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def component(name: str, dims: list[int], ffn_hidden: int, vocab: int) -> str:
     """The model component a kernel belongs to, from its name and its launching op's operand sizes."""
     lowered = name.lower()
     attention = ("flash", "fmha", "flex_attention", "sdpa", "cudnn::fusion")  # cuDNN SDPA and its helpers
+    if is_project_kernel(name) and "conv" in lowered:  # kernels/short_conv: glue around the mixer op
+        return "conv"
     if is_project_kernel(name) or any(t in lowered for t in attention):
         return "mixer op"
     if any(t in lowered for t in ("adam", "multi_tensor_apply", "foreach")):

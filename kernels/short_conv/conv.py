@@ -107,6 +107,18 @@ def short_conv_fwd_kernel(
 
 
 @triton.jit
+def _tap_product(X_TILE, local, row_ok, pos, cols, col_ok, C, dpre, j: tl.constexpr):
+    """x[r − j] · dpre[r] over the tile's rows (zero where tap j is not used): tap j's dw terms."""
+    return _load_tile(X_TILE, local - j, row_ok & (pos >= j), cols, col_ok, C) * dpre
+
+
+@triton.jit
+def _store_dw(DW_ROW, cols, col_ok, K: tl.constexpr, acc, j: tl.constexpr):
+    """DW_PARTIAL[program, :, K−1−j] = the row sum of tap j's accumulator."""
+    tl.store(DW_ROW + cols * K + (K - 1 - j), tl.sum(acc, axis=0), mask=col_ok)
+
+
+@triton.jit
 def short_conv_bwd_dpre_kernel(
     X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -114,13 +126,24 @@ def short_conv_bwd_dpre_kernel(
 ):  # fmt: skip
     """Backward, first pass: dpre = dy · act'(pre) with pre recomputed from x, stored in x's dtype (with
     ACTIVATION; else dpre is dy itself), and DW_PARTIAL[program, :, K−1−j] = Σ_r x[r − j] · dpre[r] (fp32
-    dpre) over the program's TILES row tiles."""
+    dpre) over the program's TILES row tiles.
+
+    Each tap accumulates its products in its own [BLOCK_T, BLOCK_C] registers and reduces over rows once per
+    program: a row reduction per tile and tap crosses warps (shared memory and a barrier each) and made this
+    kernel several times slower than its bytes. Taps are unrolled up to MAX_KERNEL_SIZE; the accumulators
+    of taps ≥ K are never touched and compile away."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     w = _weights(W, cols, col_ok, K, BLOCK_K, X.dtype.element_ty)
     local = tl.arange(0, BLOCK_T)
-    taps = tl.arange(0, BLOCK_K)
-    dw = tl.zeros([BLOCK_K, BLOCK_C], dtype=tl.float32)  # row k: weight[:, k]
+    acc0 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc4 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc5 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc6 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    acc7 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     first_row = tl.program_id(0) * TILES * BLOCK_T
     for tile in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
         row0 = first_row + tile * BLOCK_T
@@ -137,11 +160,38 @@ def short_conv_bwd_dpre_kernel(
             sig = tl.sigmoid(pre)
             dpre = dpre * sig * (1.0 + pre * (1.0 - sig))
             _store_tile(DPRE + offset, local, row_ok, cols, col_ok, C, dpre)
-        for j in tl.static_range(K):  # x tiles again (L1 hits): the loop above keeps no list of them
-            x = _load_tile(X + offset, local - j, row_ok & (pos >= j), cols, col_ok, C)
-            dw += tl.where(taps[:, None] == K - 1 - j, tl.sum(x * dpre, axis=0)[None, :], 0.0)
-    ptrs = DW_PARTIAL + (tl.program_id(0).to(tl.int64) * C + cols[None, :]) * K + taps[:, None]
-    tl.store(ptrs, dw, mask=(taps[:, None] < K) & col_ok[None, :])
+        # x tiles again (L1 hits): the loop above keeps no list of them
+        acc0 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 0)
+        if K > 1:
+            acc1 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 1)
+        if K > 2:
+            acc2 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 2)
+        if K > 3:
+            acc3 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 3)
+        if K > 4:
+            acc4 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 4)
+        if K > 5:
+            acc5 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 5)
+        if K > 6:
+            acc6 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 6)
+        if K > 7:
+            acc7 += _tap_product(X + offset, local, row_ok, pos, cols, col_ok, C, dpre, 7)
+    dw_row = DW_PARTIAL + tl.program_id(0).to(tl.int64) * C * K
+    _store_dw(dw_row, cols, col_ok, K, acc0, 0)
+    if K > 1:
+        _store_dw(dw_row, cols, col_ok, K, acc1, 1)
+    if K > 2:
+        _store_dw(dw_row, cols, col_ok, K, acc2, 2)
+    if K > 3:
+        _store_dw(dw_row, cols, col_ok, K, acc3, 3)
+    if K > 4:
+        _store_dw(dw_row, cols, col_ok, K, acc4, 4)
+    if K > 5:
+        _store_dw(dw_row, cols, col_ok, K, acc5, 5)
+    if K > 6:
+        _store_dw(dw_row, cols, col_ok, K, acc6, 6)
+    if K > 7:
+        _store_dw(dw_row, cols, col_ok, K, acc7, 7)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Norms, rotary embeddings, SwiGLU width and the document-aware short convolution."""
+"""Norms, rotary embeddings, SwiGLU width, fused projections and the document-aware short convolution."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from titan_delta.models.components import (
     apply_rotary,
     swiglu_hidden_dim,
 )
+from titan_delta.models.components.fused_linear import fused_linear
 from titan_delta.models.context import document_ids, positions_in_documents
 from titan_delta.testing import assert_rel_close
 
@@ -41,6 +42,33 @@ def test_rope_scores_depend_only_on_relative_position():
     assert not torch.allclose(score(7, 3), score(7, 4), atol=1e-3)
     cos, sin = rope(torch.zeros(1, 1, dtype=torch.long))
     assert torch.equal(apply_rotary(q, cos, sin), q)  # position 0 is the identity
+
+
+def test_fused_linear_matches_separate_linears():
+    torch.manual_seed(0)
+    linears = [
+        torch.nn.Linear(12, 8, bias=False),
+        torch.nn.Linear(12, 3, bias=True),  # one bias among bias-free projections
+        torch.nn.Linear(12, 5, bias=False),
+    ]
+    linears = [linear.double() for linear in linears]
+    x = torch.randn(2, 7, 12, dtype=torch.float64, requires_grad=True)
+    fused = fused_linear(x, *linears)
+    separate = [linear(x) for linear in linears]
+    assert [tuple(t.shape) for t in fused] == [(2, 7, 8), (2, 7, 3), (2, 7, 5)]
+    weights = [torch.randn_like(t) for t in separate]
+    params = [x] + [p for linear in linears for p in linear.parameters()]
+
+    def grads(outputs):
+        return torch.autograd.grad(sum((w * t).sum() for w, t in zip(weights, outputs, strict=True)), params)
+
+    grads_fused, grads_separate = grads(fused), grads(separate)
+    for i, (a, b) in enumerate(zip(fused, separate, strict=True)):
+        assert_rel_close(a, b, 1e-12, f"output {i}")
+    for i, (a, b) in enumerate(zip(grads_fused, grads_separate, strict=True)):
+        assert_rel_close(a, b, 1e-12, f"gradient {i}")
+    (single,) = fused_linear(x, linears[1])
+    assert_rel_close(single, separate[1], 1e-12, "one linear")
 
 
 def test_swiglu_hidden_dim_rounding():

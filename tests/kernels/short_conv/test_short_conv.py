@@ -78,6 +78,8 @@ def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device
         (2, 130, 100, 4, True, [[32, 32, 1, 63, 2], [64, 3, 61, 2]]),  # starts on tile and program edges
         (1, 130, 300, 1, False, [[5, 125]]),  # five channel blocks, the last partial
         (2, 37, 20, 8, True, [[7, 1, 8, 21], [20, 17]]),  # the widest filter
+        (2, 9, 10, 2, True, None),  # each width has its own weight-gradient accumulators
+        (1, 40, 24, 6, True, [[3, 37]]),
         (1, 300, 16, 4, True, [[100, 156, 44]]),  # three 128-row programs (dw partials), the last short
     ],
 )

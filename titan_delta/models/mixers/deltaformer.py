@@ -78,17 +78,18 @@ class DeltaFormerAttention(nn.Module):
         """``cache``: this layer's ``DeltaFormerCache`` (K+U) when decoding incrementally, else None."""
         B, T, _ = x.shape
         c = self.config
-        q, k, v = project_qkv(
+        q, k, v, *beta_projection = project_qkv(
             x, ctx, wq=self.wq, wk=self.wk, wv=self.wv,
             n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
+            extra=(self.w_beta,) if self.w_beta is not None else (),
         )  # fmt: skip
         if c.n_kv_heads != c.n_heads:  # the op takes one k/v head per query head
             group = c.n_heads // c.n_kv_heads
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         beta = None
-        if self.w_beta is not None:
-            beta = self.w_beta(x) if c.beta == "linear" else torch.sigmoid(self.w_beta(x))
+        if beta_projection:
+            beta = beta_projection[0] if c.beta == "linear" else torch.sigmoid(beta_projection[0])
             beta = beta.to(q.dtype)
         if cache is not None:
             o = cache.attend(q, k, v, beta, w=k if c.probe == "k" else None, kernel=c.kernel)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_delta.models.components.fused_linear import fused_linear
 from titan_delta.models.components.norms import GatedRMSNorm, RMSNorm
 from titan_delta.models.components.short_conv import ShortCausalConv
 from titan_delta.models.context import MixerContext
@@ -115,22 +116,27 @@ class GatedDeltaProduct(nn.Module):
         q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
         # autocast runs normalize in fp32; the op wants q, k and v in one dtype
         q, k = F.normalize(q, p=2.0, dim=-1).to(v.dtype), F.normalize(k, p=2.0, dim=-1).to(v.dtype)
-        beta = torch.sigmoid(self.b_proj(x)).view(B, T * n, H)
+        # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs)
+        gate_linears = [self.b_proj]
+        gate_linears += [self.a_proj] if c.use_forget_gate else []
+        gate_linears += [self.g_proj] if c.use_output_gate else []
+        outs = iter(fused_linear(x, *gate_linears))
+        beta = torch.sigmoid(next(outs)).reshape(B, T * n, H)
         if c.allow_neg_eigval:
             beta = beta * 2.0
         g = None
         if c.use_forget_gate:
             gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over T: ≥ fp32
-            g = -self.A_log.to(gate_dtype).exp() * F.softplus(
-                self.a_proj(x).to(gate_dtype) + self.dt_bias.to(gate_dtype)
-            )
+            dt = F.softplus(next(outs).to(gate_dtype) + self.dt_bias.to(gate_dtype))
+            g = -self.A_log.to(gate_dtype).exp() * dt
+        output_gate = next(outs) if c.use_output_gate else None
         if cache is None:
             o, _ = gated_delta_product(
                 q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
             )
         else:
             o = cache.recur(q, k, v, g, beta, num_householder=n, backend=c.backend)
-        o = self.o_norm(o, self.g_proj(x).view(B, T, H, V)) if c.use_output_gate else self.o_norm(o)
+        o = self.o_norm(o, output_gate.view(B, T, H, V)) if output_gate is not None else self.o_norm(o)
         return self.o_proj(o.reshape(B, T, H * V))
 
     def _project_qkv(

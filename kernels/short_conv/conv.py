@@ -22,6 +22,7 @@ per element instead.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,10 +35,27 @@ Tensor = torch.Tensor
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_KERNEL_SIZE = 8  # taps are unrolled at compile time
-# 32 rows × 64 channels, 4 warps: 16 values per thread (16-byte vectors), several programs per SM.
-BLOCK_T, BLOCK_C, NUM_WARPS = 32, 64, 4
-# Row tiles per program: weights load once per program and dw partials [B·T / 128, C, K] stay small.
-TILES = 4
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A kernel's launch geometry: tiles of ``rows`` × ``channels``, ``tiles`` consecutive row tiles per
+    program (the dpre kernel writes one dw partial per program, so programs of many rows keep the partials
+    [B·T / (rows · tiles), C, K] small), ``num_warps`` warps."""
+
+    rows: int
+    channels: int
+    tiles: int
+    num_warps: int
+
+
+# Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
+# holds K weight-gradient accumulators besides its tiles: 32 × 32 tiles (8 values per thread) keep its
+# registers low enough for several programs per SM (measured fastest of the tilings tried on an H100;
+# docs/benchmarks.md, "Short causal conv").
+FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
+DPRE_TILING = Tiling(rows=32, channels=32, tiles=4, num_warps=4)
+DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 
 
 @triton.jit
@@ -63,6 +81,15 @@ def _weights(W, cols, col_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, X_DTYPE: t
 def _tap(weights, j, BLOCK_K: tl.constexpr):
     """[BLOCK_C] row j of ``_weights``."""
     return tl.sum(tl.where((tl.arange(0, BLOCK_K) == j)[:, None], weights, 0.0), axis=0)
+
+
+@triton.jit
+def _tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
+    """Row j of ``_weights`` loaded on its own (an L1 hit after the first tile), for the dpre kernel: there
+    the weight tile's per-tap row picks (cross-warp reductions) cost more than they do in the lighter
+    forward and dx kernels, where the weight tile measured faster."""
+    w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
+    return w.to(X_DTYPE).to(tl.float32)
 
 
 @triton.jit
@@ -122,7 +149,7 @@ def _store_dw(DW_ROW, cols, col_ok, K: tl.constexpr, acc, j: tl.constexpr):
 def short_conv_bwd_dpre_kernel(
     X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """Backward, first pass: dpre = dy · act'(pre) with pre recomputed from x, stored in x's dtype (with
     ACTIVATION; else dpre is dy itself), and DW_PARTIAL[program, :, K−1−j] = Σ_r x[r − j] · dpre[r] (fp32
@@ -134,7 +161,6 @@ def short_conv_bwd_dpre_kernel(
     of taps ≥ K are never touched and compile away."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
-    w = _weights(W, cols, col_ok, K, BLOCK_K, X.dtype.element_ty)
     local = tl.arange(0, BLOCK_T)
     acc0 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
@@ -156,7 +182,7 @@ def short_conv_bwd_dpre_kernel(
             pre = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
             for j in tl.static_range(K):
                 x = _load_tile(X + offset, local - j, row_ok & (pos >= j), cols, col_ok, C)
-                pre += x * _tap(w, j, BLOCK_K)[None, :]
+                pre += x * _tap_weight(W, cols, col_ok, K, j, X.dtype.element_ty)[None, :]
             sig = tl.sigmoid(pre)
             dpre = dpre * sig * (1.0 + pre * (1.0 - sig))
             _store_tile(DPRE + offset, local, row_ok, cols, col_ok, C, dpre)
@@ -222,14 +248,16 @@ def short_conv_bwd_dx_kernel(
         _store_tile(DX + offset, local, row_ok, cols, col_ok, C, dx)
 
 
-def _constexprs(K: int, seq_pos: Tensor | None) -> dict:
-    """The launch keywords every kernel takes: filter width, tile geometry, whether documents are given."""
-    return dict(K=K, HAS_SEQ_POS=seq_pos is not None, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
-                BLOCK_K=next_power_of_2(K), TILES=TILES, num_warps=NUM_WARPS)  # fmt: skip
+def _constexprs(K: int, seq_pos: Tensor | None, tiling: Tiling, weight_tile: bool = True) -> dict:
+    """The launch keywords of a kernel: filter width, tile geometry, whether documents are given, and the
+    padded tap count of the weight tile (the kernels that load one)."""
+    kw = dict(K=K, HAS_SEQ_POS=seq_pos is not None, BLOCK_T=tiling.rows, BLOCK_C=tiling.channels,
+              TILES=tiling.tiles, num_warps=tiling.num_warps)  # fmt: skip
+    return kw | dict(BLOCK_K=next_power_of_2(K)) if weight_tile else kw
 
 
-def _grid(rows: int, channels: int) -> tuple[int, int]:
-    return cdiv(rows, BLOCK_T * TILES), cdiv(channels, BLOCK_C)
+def _grid(rows: int, channels: int, tiling: Tiling) -> tuple[int, int]:
+    return cdiv(rows, tiling.rows * tiling.tiles), cdiv(channels, tiling.channels)
 
 
 def _empty(shape, like: Tensor, dtype: torch.dtype) -> Tensor:
@@ -251,8 +279,9 @@ def short_conv_fwd(x: Tensor, weight: Tensor, seq_pos: Tensor | None, activation
     y = _empty(x.shape, x, x.dtype)
     if y.numel() == 0:
         return y
-    launch(short_conv_fwd_kernel, _grid(B * T, C), *_inputs(x, weight, seq_pos), y, T, C, B * T,
-           ACTIVATION=activation, **_constexprs(weight.shape[-1], seq_pos))  # fmt: skip
+    tiling = FORWARD_TILING
+    launch(short_conv_fwd_kernel, _grid(B * T, C, tiling), *_inputs(x, weight, seq_pos), y, T, C, B * T,
+           ACTIVATION=activation, **_constexprs(weight.shape[-1], seq_pos, tiling))  # fmt: skip
     return y
 
 
@@ -273,13 +302,13 @@ def short_conv_bwd(
         return dx, weight.new_zeros(weight.shape)
     x, weight_c, seq_pos_or_x = _inputs(x, weight, seq_pos)
     dy = dy.contiguous()
-    grid = _grid(B * T, C)
+    grid = _grid(B * T, C, DPRE_TILING)
     partial = _empty((grid[0], C, K), x, torch.float32)
     dpre = _empty(x.shape, x, x.dtype) if activation else dy  # without activation, dpre is dy
     launch(short_conv_bwd_dpre_kernel, grid, x, weight_c, seq_pos_or_x, dy, dpre, partial, T, C, B * T,
-           ACTIVATION=activation, **_constexprs(K, seq_pos))  # fmt: skip
-    launch(short_conv_bwd_dx_kernel, grid, dpre, weight_c, seq_pos_or_x, dx, T, C, B * T,
-           **_constexprs(K, seq_pos))  # fmt: skip
+           ACTIVATION=activation, **_constexprs(K, seq_pos, DPRE_TILING, weight_tile=False))  # fmt: skip
+    launch(short_conv_bwd_dx_kernel, _grid(B * T, C, DX_TILING), dpre, weight_c, seq_pos_or_x, dx, T, C,
+           B * T, **_constexprs(K, seq_pos, DX_TILING))  # fmt: skip
     return dx, partial.sum(0).view(weight.shape).to(weight.dtype)
 
 

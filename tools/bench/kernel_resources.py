@@ -10,6 +10,7 @@ device image has Triton 3.6, so install that one elsewhere and put it first on P
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py deltaformer --shape 8x2048x16x64
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2 \
         [--dtype fp32]
+    PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py short_conv --shape 16x2048x16x128
 
 Outputs are garbage (no kernel runs): the report is about the compiled code only.
 """
@@ -146,9 +147,22 @@ def _gdp(shape: tuple[int, ...], nh: int, dtype: torch.dtype, backward: bool) ->
         o.float().sum().backward()
 
 
+def _short_conv(shape: tuple[int, ...], dtype: torch.dtype, backward: bool) -> None:
+    from titan_delta_kernels.short_conv import short_causal_conv
+
+    B, T, H, D = shape
+    x = torch.randn(B, T, H * D, dtype=dtype, requires_grad=backward)
+    weight = torch.randn(H * D, 1, 4, requires_grad=backward)
+    seq_pos = torch.arange(T).expand(B, T)
+    with torch.set_grad_enabled(backward):
+        y = short_causal_conv(x, weight, seq_pos)
+    if backward:
+        y.float().sum().backward()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("family", choices=["deltaformer", "gdp"])
+    parser.add_argument("family", choices=["deltaformer", "gdp", "short_conv"])
     parser.add_argument("--shape", type=_shape, default=(8, 2048, 16, 64), help="BxTxHxD")
     parser.add_argument("--nh", type=int, default=2, help="GDP: Householder steps per token")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
@@ -165,6 +179,8 @@ def main() -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if args.family == "deltaformer":
         _deltaformer(args.shape, dtype, not args.forward_only)
+    elif args.family == "short_conv":  # channels = H·D
+        _short_conv(args.shape, dtype, not args.forward_only)
     else:
         _gdp(args.shape, args.nh, dtype, not args.forward_only)
     seen = set()

@@ -50,11 +50,11 @@ class Tiling:
 
 
 # Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
-# holds K weight-gradient accumulators besides its tiles: 32 × 32 tiles (8 values per thread) keep its
+# holds K weight-gradient accumulators besides its tiles: 16 × 32 tiles (4 values per thread) keep its
 # registers low enough for several programs per SM (measured fastest of the tilings tried on an H100;
 # docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
-DPRE_TILING = Tiling(rows=32, channels=32, tiles=4, num_warps=4)
+DPRE_TILING = Tiling(rows=16, channels=32, tiles=8, num_warps=4)
 DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 
 

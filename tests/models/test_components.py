@@ -49,13 +49,14 @@ def test_fused_linear_matches_separate_linears():
     linears = [
         torch.nn.Linear(12, 8, bias=False),
         torch.nn.Linear(12, 3, bias=True),  # one bias among bias-free projections
-        torch.nn.Linear(12, 5, bias=False),
+        torch.nn.Linear(12, 2, bias=False),  # 13 outputs: padded to 16 for aligned rows
     ]
     linears = [linear.double() for linear in linears]
     x = torch.randn(2, 7, 12, dtype=torch.float64, requires_grad=True)
     fused = fused_linear(x, *linears)
     separate = [linear(x) for linear in linears]
-    assert [tuple(t.shape) for t in fused] == [(2, 7, 8), (2, 7, 3), (2, 7, 5)]
+    assert [tuple(t.shape) for t in fused] == [(2, 7, 8), (2, 7, 3), (2, 7, 2)]
+    assert all(t.stride(-2) == 16 for t in fused)
     weights = [torch.randn_like(t) for t in separate]
     params = [x] + [p for linear in linears for p in linear.parameters()]
 

@@ -6,6 +6,11 @@ backward; the narrow ones (4–32 outputs) run GEMMs far below the GPU's rate. C
 (and biases) for one ``F.linear`` pays a copy of the weights per call instead, which is small next to the
 activations at training shapes. The modules keep their own parameters, so state dicts, checkpoints, export
 and initialisation are unchanged.
+
+The concatenated output is padded with zero rows of weight to a multiple of ``ALIGN`` columns: every GEMM
+of the forward and backward then sees 16-byte aligned rows in bf16. With a width such as 1036 (Gated
+DeltaProduct 340M's β, dt and gate) cuBLAS falls back to sm80 kernels for 2-byte alignment, which took
+about 19 ms of a 300 ms training step on an H100.
 """
 
 from __future__ import annotations
@@ -14,20 +19,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+ALIGN = 8  # output columns: 16 bytes in bf16
+
 
 def fused_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for linear in linears), computed by one GEMM; the results are views of its output along
     the last dimension (not contiguous when there are several)."""
     if len(linears) == 1:
         return (linears[0](x),)
-    weight = torch.cat([linear.weight for linear in linears])
+    widths = [linear.out_features for linear in linears]
+    pad = -sum(widths) % ALIGN
+    weights = [linear.weight for linear in linears]
+    if pad:
+        weights.append(weights[0].new_zeros(pad, weights[0].shape[1]))
     bias = None
     if any(linear.bias is not None for linear in linears):
-        bias = torch.cat(
-            [
-                linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-                for linear in linears
-            ]
-        )
-    out = F.linear(x, weight, bias)
-    return tuple(out.split([linear.out_features for linear in linears], dim=-1))
+        biases = [
+            linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+            for linear in linears
+        ]
+        bias = torch.cat(biases + ([biases[0].new_zeros(pad)] if pad else []))
+    out = F.linear(x, torch.cat(weights), bias)
+    return tuple(out.split(widths + ([pad] if pad else []), dim=-1)[: len(linears)])

@@ -13,10 +13,11 @@ row, seq_pos inside the current document.
 Forward: one kernel, y only (no activation is saved beyond the op's inputs). Backward, two kernels:
 ``dpre`` recomputes the pre-activation from x, writes dpre = dy · act'(pre) in x's dtype (the rounding
 autograd's SiLU backward applies too) and dw as one fp32 partial sum per (program, channel, tap), summed
-over programs afterwards (deterministic, no atomics); ``dx`` then sums w_s · dpre[r + s]. A single fused
-backward would have to recompute pre at each of the K rows ahead (K² products and K sigmoids per element),
-which makes it instruction-bound far above its memory time on an H100; the round trip of dpre costs 4 bytes
-per element instead.
+over programs afterwards (deterministic, no atomics); ``dx`` then sums w_s · dpre[r + s]. Each kernel has
+its own tiling (``Tiling``): dpre carries K weight-gradient accumulators and runs smaller tiles. A single
+fused backward would have to recompute pre at each of the K rows ahead (K² products and K sigmoids per
+element), which makes it instruction-bound far above its memory time on an H100; the round trip of dpre costs
+4 bytes per element instead.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ class Tiling:
 
 
 # Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
-# holds K weight-gradient accumulators besides its tiles: 16 × 32 tiles (4 values per thread) keep its
-# registers low enough for several programs per SM (measured fastest of the tilings tried on an H100;
-# docs/benchmarks.md, "Short causal conv").
+# holds K weight-gradient accumulators besides its tiles: 16 × 32 tiles (4 values per thread, 56 registers)
+# were the fastest of the tilings timed on an H100 (docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 DPRE_TILING = Tiling(rows=16, channels=32, tiles=8, num_warps=4)
 DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
@@ -85,9 +85,10 @@ def _tap(weights, j, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
-    """Row j of ``_weights`` loaded on its own (an L1 hit after the first tile), for the dpre kernel: there
-    the weight tile's per-tap row picks (cross-warp reductions) cost more than they do in the lighter
-    forward and dx kernels, where the weight tile measured faster."""
+    """Row j of ``_weights`` loaded on its own (an L1 hit after the first tile), in the layout of the tile's
+    columns. The dpre kernel takes its weights this way: with the weight tile it needed 219 registers at
+    32 × 64 (two programs per SM). The forward and dx keep the tile, which measured faster there (forward
+    0.130 against 0.177 ms at [16, 2048, 2048] bf16 on an H100)."""
     w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
     return w.to(X_DTYPE).to(tl.float32)
 

@@ -2,6 +2,7 @@
 
     python tools/bench/short_conv.py                       # x [16, 2048, C] bf16, C = 512, 1024, 2048
     python tools/bench/short_conv.py --shapes 8x4096x1536 --kernel-size 3 --documents 1
+    python tools/bench/short_conv.py --ops --shapes 16x2048x512,16x2048x1024,16x2048x2048,16x2048x4096
 
 The table: median ``triton.testing.do_bench`` times of the forward and of forward+backward, per shape, for
 (a) ``ShortCausalConv.forward_torch`` compiled with torch.compile (inductor, what the model ran before the
@@ -9,6 +10,10 @@ op) and (b) the Triton op, both on the same bf16 x, an fp32 weight [C, 1, K] (gr
 seq_pos with ``--documents`` documents of random lengths per row. GB/s effective counts the bytes a fused
 implementation cannot avoid: x read and y written (forward), x and dy read and dx written (backward).
 The last columns compare the two paths' y, dx and dw (relative RMS, and max |difference| of y).
+
+``--ops`` times the Triton op's two custom ops called directly (``short_conv_fwd``; ``short_conv_bwd``: the
+dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work sets a floor
+near 0.5 ms per fwd+bwd call. Run it under an older checkout's PYTHONPATH to compare kernels on one GPU.
 """
 
 from __future__ import annotations
@@ -98,16 +103,50 @@ def table(shapes: str, K: int, documents: int, activation: bool) -> None:
         torch.cuda.empty_cache()
 
 
+def ops_table(shapes: str, K: int, documents: int, activation: bool) -> None:
+    import triton
+
+    from titan_delta_kernels.short_conv import conv
+
+    print(
+        f"\n# {torch.cuda.get_device_name(0)}, triton {triton.__version__}, dpre tiling "
+        f"{getattr(conv, 'DPRE_TILING', 'shared with the other kernels')}, bf16 x, fp32 weight, K = {K}, "
+        f"{documents} documents per row, SiLU {activation}"
+    )
+    print("| x [B, T, C] | forward op | GB/s (x, y) | backward op | GB/s (x, dy, dx) |")
+    print("|---|---:|---:|---:|---:|")
+    for shape in shapes.split(","):
+        B, T, C = (int(v) for v in shape.split("x"))
+        torch.manual_seed(B * T + C)
+        x, weight, seq_pos, dy = make_inputs(B, T, C, K, documents, "cuda")
+        x, weight = x.detach(), weight.detach()
+        fwd = do_bench_median(lambda: conv.short_conv_fwd(x, weight, seq_pos, activation))  # noqa: B023
+        bwd = do_bench_median(lambda: conv.short_conv_bwd(dy, x, weight, seq_pos, activation))  # noqa: B023
+        nbytes = x.numel() * x.element_size()
+        print(f"| [{B}, {T}, {C}] | {fwd:.3f} ms | {2 * nbytes / fwd / 1e6:.0f} | {bwd:.3f} ms | "
+              f"{3 * nbytes / bwd / 1e6:.0f} |", flush=True)  # fmt: skip
+
+
+def do_bench_median(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="16x2048x512,16x2048x1024,16x2048x2048", help="BxTxC list")
     parser.add_argument("--kernel-size", type=int, default=4, help="K, the filter width (1..8)")
     parser.add_argument("--documents", type=int, default=4, help="documents per row (1: seq_pos all t)")
     parser.add_argument("--no-activation", action="store_true", help="identity instead of SiLU")
+    parser.add_argument("--ops", action="store_true", help="time the custom ops directly (see above)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.ops:
+        ops_table(args.shapes, args.kernel_size, max(1, args.documents), not args.no_activation)
+        return 0
     table(args.shapes, args.kernel_size, max(1, args.documents), not args.no_activation)
     return 0
 

@@ -21,12 +21,6 @@ from titan_delta.trainer.compile import compile_blocks
 VOCAB, B, T = 256, 2, 32
 TOL = 1e-5
 
-GDP_AOT_BACKWARD = pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="aot_eager backward of the Gated DeltaProduct block fails in torch 2.13: a view of the "
-    "non-contiguous softplus_backward output (inductor compiles it); reported to the models owner",
-)
 VARLEN_DATA_DEPENDENT = pytest.mark.xfail(
     strict=True,
     reason="with cu_seqlens the reference delta ops branch on data (guard on Ne(u0, 0)), a graph break "
@@ -35,7 +29,7 @@ VARLEN_DATA_DEPENDENT = pytest.mark.xfail(
 
 CASES = [
     pytest.param("deltaformer", False, id="deltaformer"),
-    pytest.param("gated_deltaproduct", False, id="gated_deltaproduct", marks=GDP_AOT_BACKWARD),
+    pytest.param("gated_deltaproduct", False, id="gated_deltaproduct"),
     pytest.param("deltaformer_swa", False, id="swa-hybrid"),
     pytest.param("transformer", False, id="attention"),
     pytest.param("transformer", True, id="attention-varlen"),

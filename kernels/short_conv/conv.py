@@ -51,8 +51,8 @@ class Tiling:
 
 
 # Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
-# holds K weight-gradient accumulators besides its tiles: 16 × 32 tiles (4 values per thread, 56 registers)
-# were the fastest of the tilings timed on an H100 (docs/benchmarks.md, "Short causal conv").
+# holds K weight-gradient accumulators besides its tiles: 16 × 32 tiles (4 values per thread) were the
+# fastest of the tilings timed (docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 DPRE_TILING = Tiling(rows=16, channels=32, tiles=8, num_warps=4)
 DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
@@ -86,9 +86,9 @@ def _tap(weights, j, BLOCK_K: tl.constexpr):
 @triton.jit
 def _tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
     """Row j of ``_weights`` loaded on its own (an L1 hit after the first tile), in the layout of the tile's
-    columns. The dpre kernel takes its weights this way: with the weight tile it needed 219 registers at
-    32 × 64 (two programs per SM). The forward and dx keep the tile, which measured faster there (forward
-    0.130 against 0.177 ms at [16, 2048, 2048] bf16 on an H100)."""
+    columns. The dpre kernel takes its weights this way: the weight tile's per-tap row picks are cross-warp
+    reductions and raised its registers to two programs per SM. The forward and dx keep the tile, which
+    measured faster there (docs/benchmarks.md, "Short causal conv")."""
     w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
     return w.to(X_DTYPE).to(tl.float32)
 

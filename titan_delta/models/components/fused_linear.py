@@ -9,8 +9,8 @@ and initialisation are unchanged.
 
 The concatenated output is padded with zero rows of weight to a multiple of ``ALIGN`` columns: every GEMM
 of the forward and backward then sees 16-byte aligned rows in bf16. With a width such as 1036 (Gated
-DeltaProduct 340M's β, dt and gate) cuBLAS falls back to sm80 kernels for 2-byte alignment, which took
-about 19 ms of a 300 ms training step on an H100.
+DeltaProduct 340M's β, dt and gate) cuBLAS falls back to much slower kernels for 2-byte alignment
+(docs/models.md, "Where a training step's time goes").
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ implementation cannot avoid: x read and y written (forward), x and dy read and d
 The last columns compare the two paths' y, dx and dw (relative RMS, and max |difference| of y).
 
 ``--ops`` times the Triton op's two custom ops called directly (``short_conv_fwd``; ``short_conv_bwd``: the
-dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work sets a floor
-near 0.5 ms per fwd+bwd call. Run it under an older checkout's PYTHONPATH to compare kernels on one GPU.
+dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work hides the
+kernels at small shapes. Run it under an older checkout's PYTHONPATH to compare kernels on one GPU.
 """
 
 from __future__ import annotations

@@ -157,9 +157,8 @@ def short_conv_bwd_dpre_kernel(
     dpre) over the program's TILES row tiles.
 
     Each tap accumulates its products in its own [BLOCK_T, BLOCK_C] registers and reduces over rows once per
-    program: a row reduction per tile and tap crosses warps (shared memory and a barrier each) and made this
-    kernel several times slower than its bytes. Taps are unrolled up to MAX_KERNEL_SIZE; the accumulators
-    of taps ≥ K are never touched and compile away."""
+    program, not once per tile: a row reduction crosses warps (shared memory and a barrier each). Taps are
+    unrolled up to MAX_KERNEL_SIZE; the accumulators of taps ≥ K are never touched and compile away."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     local = tl.arange(0, BLOCK_T)

@@ -1,8 +1,9 @@
-"""The GDP tools, each run as its own process on the CPU machine.
+"""The GDP and short-conv tools, each run as its own process on the CPU machine.
 
 ``tools/bench/kernel_resources.py`` compiles the real launches offline for sm_90 (it replaces Triton's active
 driver and must not run under the interpreter): every kernel of a forward+backward is reported with its
-registers and blocks per SM, and the launch table's register cap reaches the compile.
+registers and blocks per SM, and the launch table's register cap reaches the compile; likewise the short
+conv's three kernels with their own tilings.
 ``tools/bench/gated_delta_product.py`` refuses to run without a GPU (exit 2, a clear message).
 """
 
@@ -49,6 +50,18 @@ def test_kernel_resources_gdp_forward_backward():
                             "wy_bwd_hoisted_kernel"}  # fmt: skip
     regs, _, flags = kernels["dqkw_sliced_kernel"]
     assert "maxnreg=168" in flags and regs <= 168
+    assert all(0 < r <= 255 and b >= 1 for r, b, _ in kernels.values())
+
+
+def test_kernel_resources_short_conv_forward_backward():
+    run = _run("kernel_resources.py", "short_conv", "--shape", "1x64x2x64")
+    if run.returncode and "ptxas" in run.stderr:
+        pytest.skip(f"this Triton build cannot run ptxas here: {run.stderr.strip().splitlines()[-1][:200]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    kernels = _kernels(run.stdout)
+    assert set(kernels) == {"short_conv_fwd_kernel", "short_conv_bwd_dpre_kernel", "short_conv_bwd_dx_kernel"}
+    _, _, flags = kernels["short_conv_bwd_dpre_kernel"]
+    assert "BLOCK_T=16" in flags and "BLOCK_C=32" in flags and "TILES=8" in flags  # its own tiling
     assert all(0 < r <= 255 and b >= 1 for r, b, _ in kernels.values())
 
 

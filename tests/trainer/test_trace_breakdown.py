@@ -100,3 +100,37 @@ def test_components_wants_two_sizes(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(TOOL), str(trace), "--components", "2816"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--components: expected FFN_HIDDEN,VOCAB" in proc.stderr
+
+
+def test_idle_is_split_into_host_bound_and_device_side_gaps(tmp_path: Path) -> None:
+    ms = 1000.0
+
+    def kernel(name: str, ts: float, dur: float, corr: int) -> dict:
+        return {**_event(name, "kernel", ts, dur), "args": {"correlation": corr}}
+
+    def launch(ts: float, corr: int) -> dict:
+        return {**_event("cudaLaunchKernel", "cuda_runtime", ts, 0.01 * ms), "tid": 7,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    events = [
+        _event("ProfilerStep#4", "cpu_op", 0, 100 * ms),
+        {**_event("titan_delta::gdp_chunk_fwd", "cpu_op", 25 * ms, 6 * ms), "tid": 7},
+        {**_event("aten::mm", "cpu_op", 5 * ms, 10 * ms), "tid": 7},
+        kernel("a_kernel", 0, 20 * ms, 1), launch(0, 1),
+        kernel("b_kernel", 30 * ms, 20 * ms, 2), launch(29 * ms, 2),  # launched after the GPU ran dry
+        kernel("c_kernel", 52 * ms, 8 * ms, 3), launch(10 * ms, 3),  # launched early: a device-side gap
+        {**_event("cudaStreamSynchronize", "cuda_runtime", 60 * ms, 10 * ms), "tid": 7},
+        kernel("d_kernel", 75 * ms, 5 * ms, 4), launch(74 * ms, 4),  # after the sync
+    ]
+    trace = tmp_path / "rank0_trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    out = subprocess.run(
+        [sys.executable, str(TOOL), str(trace), "--idle", "5"], capture_output=True, text=True, check=True
+    ).stdout
+    summary = "GPU idle 47.0 ms = waiting on the host 45.0 ms (2 gaps; 15.0 ms after host syncs)"
+    assert f"{summary} + device-side 2.0 ms" in out, out
+    lines = out.splitlines()
+    listed = lines[lines.index(next(x for x in lines if "waiting on the host" in x)) + 1 :]
+    assert listed[0].split() == ["20.00", "ms", "(step", "end:", "the", "host", "after", "the", "last", "GPU",
+                                 "work)"]  # fmt: skip
+    assert listed[1].split() == ["10.00", "ms", "titan_delta::gdp_chunk_fwd"]

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 
-def make_inputs(B, T, H, D, n_h, device):
+def make_inputs(B, T, H, D, n_h, device, V=None):
+    """q, k, v, g, β with key dim D and value dim V (D when not given), requiring gradients."""
     bf = torch.bfloat16
     q = torch.randn(B, T, H, D, device=device, dtype=bf)
     k = F.normalize(torch.randn(B, T * n_h, H, D, device=device), dim=-1).to(bf)
-    v = torch.randn(B, T * n_h, H, D, device=device, dtype=bf)
+    v = torch.randn(B, T * n_h, H, V or D, device=device, dtype=bf)
     beta = torch.randn(B, T * n_h, H, device=device).sigmoid().to(bf)
     g = F.logsigmoid(torch.randn(B, T, H, device=device))
     return [x.requires_grad_() for x in (q, k, v, g, beta)]

@@ -62,7 +62,7 @@ record_breakdown() {  # $1 = run folder
   fi
   vocab="$(python3 -c 'from titan_delta.data.tokenizer import build_tokenizer; print(build_tokenizer(None).get_vocab_size())')"
   python3 tools/bench/trace_breakdown.py "$trace" --components "$FFN_HIDDEN_340M,$vocab" \
-    --kernels "${TOP_KERNELS:-40}" >>"$OUT/breakdown.md" 2>&1
+    --kernels "${TOP_KERNELS:-40}" --idle 12 >>"$OUT/breakdown.md" 2>&1
   echo >>"$OUT/breakdown.md"
   [[ "$KEEP_TRACES" == 1 ]] || rm -rf "$1/profile_traces"
 }

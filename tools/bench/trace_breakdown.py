@@ -22,17 +22,26 @@ sets: a size equal to VOCAB is the LM head, one equal to FFN_HIDDEN the MLP, the
 projections), convolutions (the short-conv op's kernels, cuDNN's, and inductor kernels fused around them),
 the loss, the optimizer, and the remaining fused elementwise/reduction kernels (norms, gates, activations,
 RoPE). GEMM time is per kernel, so sizes must not collide (the flavors' widths do not).
+
+With ``--idle N`` it also says why the GPU idled: a gap before a kernel (or copy) whose launch call began
+after the GPU had run dry is time the GPU waited on the host; the rest of the idle time (launched before the
+gap opened) is device-side latency. Host-bound gaps that follow the end of a host sync are the sync's cost;
+the others are attributed to the innermost host op around the late launch on its thread (a custom op's
+Python, a compiled graph's wrapper, the optimizer ...), and the N largest are listed. The profiler slows the
+host (it records every op), so a profiled step overstates host-bound idle; compare models within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+LAUNCH_ARG = "correlation"  # links a runtime call (launch, copy, set) on the host to its GPU event
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -137,6 +146,62 @@ def _operand_sizes(events: list[dict]) -> dict[int, list[int]]:
     return sizes
 
 
+def _host_ops(events: list[dict]) -> dict[int, tuple[list[float], list[tuple[float, str]]]]:
+    """Host thread id -> (start times, [(end, name)]) of its host ops, sorted by start."""
+    ops: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation", "python_function") and "tid" in e:
+            ops[e["tid"]].append((e["ts"], e["ts"] + e["dur"], str(e.get("name", ""))))
+    return {tid: ([a for a, _, _ in sorted(s)], [(b, n) for _, b, n in sorted(s)]) for tid, s in ops.items()}
+
+
+def _enclosing(ops: tuple[list[float], list[tuple[float, str]]] | None, ts: float) -> str:
+    """The innermost (latest-starting) host op around ``ts``; "(no host op)" if none is."""
+    starts, rest = ops or ([], [])
+    for end, name in reversed(rest[: bisect.bisect_right(starts, ts)]):
+        if end >= ts and not name.startswith("ProfilerStep#"):
+            return name
+    return "(no host op)"
+
+
+def idle_causes(events: list[dict], gpu: list[dict], syncs: list[dict], lo: float, hi: float) -> dict:
+    """The step's GPU idle time split into host-bound gaps (after a sync, or by the host op around the late
+    launch) and device-side gaps (module docstring); the step's tail after its last GPU event is host time."""
+    launches = {e["args"][LAUNCH_ARG]: e for e in events
+                if e.get("cat") == "cuda_runtime" and LAUNCH_ARG in e.get("args", {})}  # fmt: skip
+    sync_ends = sorted(e["ts"] + e["dur"] for e in syncs)
+    ops = _host_ops(events)
+    by_op: dict[str, float] = defaultdict(float)
+    host_us = after_sync_us = device_us = 0.0
+    gaps = 0
+    frontier = lo  # the end of the GPU's work so far
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        if frontier < e["ts"] < hi:
+            gap = e["ts"] - frontier
+            launch = launches.get(e.get("args", {}).get(LAUNCH_ARG))
+            if launch is None or launch["ts"] < frontier:
+                device_us += gap
+            else:
+                gaps += 1
+                host_us += gap
+                i = bisect.bisect_left(sync_ends, frontier)
+                if i < len(sync_ends) and sync_ends[i] <= launch["ts"]:
+                    after_sync_us += gap
+                else:
+                    by_op[_enclosing(ops.get(launch.get("tid")), launch["ts"])] += gap
+        frontier = max(frontier, e["ts"] + e["dur"])
+    if frontier < hi:
+        host_us += hi - frontier
+        by_op["(step end: the host after the last GPU work)"] += hi - frontier
+    return {
+        "host_bound_ms": host_us / 1e3,
+        "host_bound_gaps": gaps,
+        "after_sync_ms": after_sync_us / 1e3,
+        "device_side_ms": device_us / 1e3,
+        "by_op_ms": sorted(((n, us / 1e3) for n, us in by_op.items()), key=lambda r: -r[1]),
+    }
+
+
 def breakdown(trace: dict, components: tuple[int, int] | None = None) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
@@ -150,10 +215,12 @@ def breakdown(trace: dict, components: tuple[int, int] | None = None) -> dict:
     parts: dict[str, float] = defaultdict(float)
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # name -> [launches, total us]
     sizes = _operand_sizes(events) if components else {}
+    in_step = []
     for e in gpu:
         interval = (e["ts"], e["ts"] + e["dur"])
         if not clip([interval], lo, hi):
             continue
+        in_step.append(e)
         spans["all"].append(interval)
         if e.get("cat") == "kernel":
             collective = is_collective(e["name"])
@@ -179,6 +246,7 @@ def breakdown(trace: dict, components: tuple[int, int] | None = None) -> dict:
         "groups_ms": {k: v / 1e3 for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
         "components_ms": {k: parts[k] / 1e3 for k in COMPONENTS if k in parts},
         "kernels": sorted(((n, c, us / 1e3) for n, (c, us) in kernels.items()), key=lambda r: -r[2]),
+        "idle": idle_causes(events, in_step, syncs, lo, hi),
     }
 
 
@@ -194,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=8, help="kernel groups listed per trace")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also list the N kernels with the most GPU time per trace (launches, ms)")
+    parser.add_argument("--idle", type=int, default=0, metavar="N",
+                        help="also split GPU idle into host-bound and device-side gaps, N host ops listed")
     parser.add_argument("--components", default="", metavar="FFN_HIDDEN,VOCAB",
                         help="also split kernel time by model component (module docstring)")
     args = parser.parse_args(argv)
@@ -225,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{path}: the {args.kernels} kernels with the most GPU time")
         for name, count, ms in r["kernels"][: args.kernels]:
             print(f"  {ms:8.2f} ms {count:5d}x  {name[:150]}")
+    for path, r in rows if args.idle else ():
+        idle = r["idle"]
+        print(f"\n{path}: GPU idle {r['gpu_idle_ms']:.1f} ms = waiting on the host "
+              f"{idle['host_bound_ms']:.1f} ms ({idle['host_bound_gaps']} gaps; "
+              f"{idle['after_sync_ms']:.1f} ms after host syncs) + device-side "
+              f"{idle['device_side_ms']:.1f} ms; host-bound idle by the host op around the late launch:")
+        for name, ms in idle["by_op_ms"][: args.idle]:
+            print(f"  {ms:8.2f} ms  {name[:150]}")
     if components:
         print("\n| trace | " + " | ".join(COMPONENTS) + " | GPU idle |")
         print("|---" * (len(COMPONENTS) + 2) + "|")

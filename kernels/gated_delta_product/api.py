@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
-from titan_delta_kernels.gated_delta_product._common import MAX_HEAD_DIM, chunk_geometry
+from titan_delta_kernels.gated_delta_product._common import MAX_HEAD_DIM, MAX_VALUE_DIM, chunk_geometry
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
@@ -36,8 +36,9 @@ def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
                          f"up to n_h = {MAX_FP32_HOUSEHOLDER} (use bf16/fp16 inputs or backend='torch')")
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
-        raise ValueError(f"the Triton kernels support K, V <= {MAX_HEAD_DIM}, got K={K}, V={V}")
+    if K > MAX_HEAD_DIM or V > MAX_VALUE_DIM:
+        raise ValueError(f"the Triton kernels support K <= {MAX_HEAD_DIM} and V <= {MAX_VALUE_DIM}, "
+                         f"got K={K}, V={V}")  # fmt: skip
     check_shape("k", k, (B, T * n_h, H, K), "[B, T*num_householder, H, K]")
     check_shape("v", v, (B, T * n_h, H, V), "[B, T*num_householder, H, V]")
     check_shape("beta", beta, (B, T * n_h, H), "[B, T*num_householder, H]")
@@ -68,7 +69,7 @@ def gated_delta_product_triton(
     """Chunked Gated DeltaProduct (differentiable in q, k, v, g, β and the initial state).
 
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
-    final state [N,H,K,V] fp32 (or None). n_h in 1..8, K and V up to 128, any T, varlen via cu_seqlens.
+    final state [N,H,K,V] fp32 (or None). n_h in 1..8, K up to 128, V up to 256, any T, varlen via cu_seqlens.
     The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
     """
     args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)

@@ -12,7 +12,10 @@ from titan_delta.testing import assert_rel_close
 from .gdp_helpers import initial_state_for, make_inputs
 
 
-@pytest.mark.parametrize(("v_dim", "expected"), [(64, 64), (128, 128), (256, 128), (192, 64), (96, None)])
+@pytest.mark.parametrize(
+    ("v_dim", "expected"),
+    [(64, 64), (128, 128), (256, 256), (512, 256), (384, 128), (192, 64), (96, None), (2048, None)],
+)
 def test_value_piece(v_dim: int, expected: int | None) -> None:
     assert api.value_piece(v_dim) == expected
 
@@ -43,7 +46,8 @@ def test_value_pieces_equal_one_call_with_gradients(n_h: int) -> None:
 
 
 def test_auto_sends_wide_values_to_the_kernel_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA, V = 256 reaches the kernel as two 128-wide calls; without CUDA "auto" keeps the reference."""
+    """On CUDA, V = 256 reaches the kernel as one call and V = 512 as two 256-wide ones; without CUDA "auto"
+    keeps the reference."""
     widths = []
 
     def fake_kernel(q, k, v, g, beta, **kwargs):
@@ -51,9 +55,12 @@ def test_auto_sends_wide_values_to_the_kernel_in_slices(monkeypatch: pytest.Monk
         return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype), None
 
     monkeypatch.setattr(api, "_load_triton_kernel", lambda: fake_kernel)
-    x = make_inputs(B=1, T=2, H=1, K=128, V=256, n_h=2, dtype=torch.float32)
+    x = make_inputs(B=1, T=2, H=1, K=128, V=512, n_h=2, dtype=torch.float32)
     o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
-    assert widths == [] and o.shape[-1] == 256
+    assert widths == [] and o.shape[-1] == 512
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
-    assert widths == [128, 128] and o.shape[-1] == 256
+    assert widths == [256, 256] and o.shape[-1] == 512
+    x["v"] = x["v"][..., :256]
+    o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
+    assert widths == [256, 256, 256] and o.shape[-1] == 256

@@ -5,10 +5,10 @@
 
 The table: median ``triton.testing.do_bench`` times of the forward and of forward+backward for ours and
 FLA's ``chunk_gated_delta_product`` (and, for n_h = 1, its Gated DeltaNet), per shape and n_h.
-``--profile BxTxHxDxNH,...``: the per-kernel (per-stage) GPU time of one fwd+bwd step, ours and FLA's side by
-side: ``--iters`` steps under ``torch.profiler`` after a warm-up, every CUDA kernel's summed device time per
-step, largest first, after the total (kernels run back to back on one stream, so the total is close to a
-step's GPU time; host-bound gaps are not counted).
+``--profile BxTxHxDxNH[xV],...``: the per-kernel (per-stage) GPU time of one fwd+bwd step, ours and FLA's side
+by side (V, the value head, defaults to D): ``--iters`` steps under ``torch.profiler`` after a warm-up, every
+CUDA kernel's summed device time per step, largest first, after the total (kernels run back to back on one
+stream, so the total is close to a step's GPU time; host-bound gaps are not counted).
 Inputs are fresh, bf16, unit-norm keys, β = sigmoid(·), g = logsigmoid(·); gradients reset every repetition.
 FLA refuses its gated backward on Triton < 3.7.1 (a guard for a Hopper miscompile); timing only, we lift it.
 """
@@ -139,11 +139,12 @@ def report(label: str, rows: list[tuple[str, float, float]]) -> None:
 def profile_specs(specs: str, use_fla: bool, iters: int) -> None:
     print(f"\n# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, bf16, {iters} steps profiled")
     for spec in specs.split(","):
-        B, T, H, D, n_h = (int(x) for x in spec.split("x"))
+        B, T, H, D, n_h, *wide = (int(x) for x in spec.split("x"))
+        V = wide[0] if wide else D
         torch.manual_seed(n_h + T)
-        inputs = make_inputs(B, T, H, D, n_h, "cuda")
-        d_out = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-        print(f"\n## [{B},{T},{H},{D}], n_h = {n_h}")
+        inputs = make_inputs(B, T, H, D, n_h, "cuda", V=V)
+        d_out = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+        print(f"\n## [{B},{T},{H},{D}], V = {V}, n_h = {n_h}")
         report("ours", kernel_times(ours(n_h), inputs, d_out, iters))
         if use_fla:
             report("FLA chunk_gated_delta_product", kernel_times(fla(n_h), inputs, d_out, iters))
@@ -156,7 +157,8 @@ def main() -> int:
     parser.add_argument("--shapes", default="4x4096x16x128,8x2048x16x64", help="BxTxHxD list")
     parser.add_argument("--nh", default="1,2,3", help="num_householder values, in the order to run")
     parser.add_argument("--no-fla", "--ours-only", action="store_true", help="time ours only")
-    parser.add_argument("--profile", default="", help="BxTxHxDxNH list: per-kernel times, not the table")
+    parser.add_argument("--profile", default="",
+                        help="BxTxHxDxNH[xV] list: per-kernel times, not the table (V defaults to D)")
     parser.add_argument("--iters", type=int, default=5, help="--profile: fwd+bwd steps profiled")
     args = parser.parse_args()
     if not torch.cuda.is_available():

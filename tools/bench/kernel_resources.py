@@ -9,7 +9,7 @@ device image has Triton 3.6, so install that one elsewhere and put it first on P
 
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py deltaformer --shape 8x2048x16x64
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py gdp --shape 8x2048x16x64 --nh 2 \
-        [--dtype fp32]
+        [--dtype fp32] [--value-dim 256]
     PYTHONPATH=<triton-3.6 site>:. python tools/bench/kernel_resources.py short_conv --shape 16x2048x16x128
 
 Outputs are garbage (no kernel runs): the report is about the compiled code only.
@@ -129,7 +129,7 @@ def _deltaformer(shape: tuple[int, ...], dtype: torch.dtype, backward: bool) -> 
         o.sum().backward()
 
 
-def _gdp(shape: tuple[int, ...], nh: int, dtype: torch.dtype, backward: bool) -> None:
+def _gdp(shape: tuple[int, ...], nh: int, dtype: torch.dtype, backward: bool, value_dim: int | None) -> None:
     import torch.nn.functional as F
 
     from titan_delta_kernels.gated_delta_product import gated_delta_product_triton
@@ -137,7 +137,7 @@ def _gdp(shape: tuple[int, ...], nh: int, dtype: torch.dtype, backward: bool) ->
     B, T, H, D = shape
     q = torch.randn(B, T, H, D, dtype=dtype)
     k = F.normalize(torch.randn(B, T * nh, H, D), dim=-1).to(dtype)
-    v = torch.randn(B, T * nh, H, D, dtype=dtype)
+    v = torch.randn(B, T * nh, H, value_dim or D, dtype=dtype)
     beta = torch.rand(B, T * nh, H).to(dtype)
     g = F.logsigmoid(torch.randn(B, T, H))
     inputs = [x.requires_grad_(backward) for x in (q, k, v, g, beta)]
@@ -165,6 +165,7 @@ def main() -> None:
     parser.add_argument("family", choices=["deltaformer", "gdp", "short_conv"])
     parser.add_argument("--shape", type=_shape, default=(8, 2048, 16, 64), help="BxTxHxD")
     parser.add_argument("--nh", type=int, default=2, help="GDP: Householder steps per token")
+    parser.add_argument("--value-dim", type=int, default=None, help="GDP: the value head V (default D)")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm_90a")
@@ -182,7 +183,7 @@ def main() -> None:
     elif args.family == "short_conv":  # channels = H·D
         _short_conv(args.shape, dtype, not args.forward_only)
     else:
-        _gdp(args.shape, args.nh, dtype, not args.forward_only)
+        _gdp(args.shape, args.nh, dtype, not args.forward_only, args.value_dim)
     seen = set()
     for name, constexprs, kernel, seconds in _SEEN:
         key = (name, tuple(sorted(constexprs.items())))

@@ -30,6 +30,12 @@ def test_chunked_matches_reference(n_h, T, gated):
     check_against_reference(inputs, n_h, None, 1e-5, 1e-5, 1e-5)
 
 
+def test_value_head_wider_than_every_tile():
+    """V = 256 (the 340M flavors' value heads) in one op: V loops and V tiles of every stage, fp32 path."""
+    inputs = make_inputs(1, 19, 1, 16, 256, 2)
+    check_against_reference(inputs, 2, None, 1e-5, 1e-5, 1e-5)
+
+
 @pytest.mark.parametrize("n_h", [1, 2, 3])
 def test_varlen_matches_reference(n_h):
     cu = random_cu_seqlens(24, 4)
@@ -146,7 +152,7 @@ def test_fake_implementation_matches_real_shapes():
         ("num_householder", 9, "num_householder must be in 1..8"),
         ("k", "short", "T\\*num_householder"),
         ("q", "fp64", "q must have dtype"),
-        ("v", "wide", "K, V <= 128"),
+        ("v", "wide", "K <= 128 and V <= 256"),
     ],
 )
 def test_bad_input_names_the_field(field, bad, message):
@@ -157,7 +163,7 @@ def test_bad_input_names_the_field(field, bad, message):
     elif bad == "short":
         inputs["k"] = inputs["k"][:, :-1]
     elif bad == "wide":
-        inputs["v"] = inputs["v"].repeat(1, 1, 1, 16)
+        inputs["v"] = inputs["v"].repeat(1, 1, 1, 17)
     else:
         inputs["q"] = inputs["q"].double()
     with pytest.raises((ValueError, TypeError), match=message):
@@ -167,7 +173,8 @@ def test_bad_input_names_the_field(field, bad, message):
 # 16-bit inputs (fp16: the interpreter's bf16 products are not faithful). The shapes reach the short-loop and
 # general state passes (K a power of two or not, V a multiple of the tile or not), the series and the
 # substitution transform (n_h <= 4 / >= 5), the hoisted and the sliced wy_bwd (K, V <= 64 or not), fp16 W·S
-# (K = 128) and both output kernels.
+# (K = 128), both output kernels, and value heads wider than the transform's V tile (U's row scales in two
+# passes; V = 192 ends in a partial tile).
 FP16_CASES = [
     (1, 70, 2, 32, 32, True),
     (2, 45, 2, 64, 64, False),
@@ -176,6 +183,8 @@ FP16_CASES = [
     (5, 21, 1, 32, 32, True),
     (2, 40, 1, 128, 128, True),
     (3, 30, 1, 96, 128, False),
+    (2, 37, 1, 32, 256, True),
+    (1, 30, 1, 32, 192, True),
 ]
 
 
@@ -199,6 +208,7 @@ def test_fp16_varlen_with_empty_document(n_h):
 GPU_CASES = [
     (1, 4, 200, 4, 128, 128),
     (2, 2, 301, 4, 64, 64),
+    (2, 2, 301, 4, 128, 256),
     (3, 2, 177, 4, 128, 128),
     (4, 2, 99, 4, 64, 64),
 ]

@@ -22,18 +22,19 @@ def _load_triton_kernel():
 # Where "auto" takes the kernel: the head sizes its H200 correctness runs covered (docs/benchmarks.md) and the
 # n_h range it compiles for. Anything else runs the reference rather than an unverified or refused launch.
 AUTO_KERNEL_HEAD_DIMS = (64, 128)
+AUTO_KERNEL_VALUE_DIMS = (64, 128, 256)  # the kernels tile V: one launch covers the value head (K-side once)
 AUTO_KERNEL_MAX_HOUSEHOLDER = 8
 MAX_FP32_HOUSEHOLDER = 4  # the kernels' fp32 limit (titan_delta_kernels.gated_delta_product.api)
-# Wider value heads (e.g. V = 2K, as in the 340M flavors) run as V / piece kernel launches: every value
-# column of the state evolves independently given k, β and g, so splitting V is exact.
+# Wider value heads run as V / piece kernel launches: every value column of the state evolves independently
+# given k, β and g, so splitting V is exact (each piece repeats the K-side work).
 MAX_VALUE_DIM = 1024
 
 
 def value_piece(v_dim: int) -> int | None:
-    """The value-head slice the kernel runs on: V itself when supported, else 128 or 64 dividing V."""
-    if v_dim in AUTO_KERNEL_HEAD_DIMS:
+    """The value-head slice the kernel runs on: V itself when supported, else 256, 128 or 64 dividing V."""
+    if v_dim in AUTO_KERNEL_VALUE_DIMS:
         return v_dim
-    for piece in sorted(AUTO_KERNEL_HEAD_DIMS, reverse=True):
+    for piece in sorted(AUTO_KERNEL_VALUE_DIMS, reverse=True):
         if v_dim % piece == 0 and v_dim <= MAX_VALUE_DIM:
             return piece
     return None

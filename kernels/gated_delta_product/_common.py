@@ -18,9 +18,9 @@ MAX_NUM_HOUSEHOLDER = 8
 # K: the backward keeps K-wide tiles (in BKS slices) whose shared-memory need above 128 was never verified, so
 # the Triton path stops there (callers fall back to the PyTorch reference above it).
 MAX_HEAD_DIM = 128
-# V: every kernel tiles it (the state passes and the output kernels over the grid, the transform and the
-# gradient kernels in loops), so a wide value head runs as one op and its K-side work (T, W, the scores and
-# their gradients) once; the GPU tests cover V up to this.
+# V: every kernel tiles it (the state passes and the output kernels over the grid, the gradient kernels in
+# loops, the 64-step transform in one tile of up to 256 columns), so a wide value head runs as one op and its
+# K-side work (T, W, the scores and their gradients) once; the GPU tests cover V up to this.
 MAX_VALUE_DIM = 256
 
 
@@ -162,23 +162,16 @@ def pow2_below(x):
 
 
 @triton.jit
-def f16_scales(amax):
-    """(the factor that scales a slice whose largest magnitude is ``amax`` into fp16, the one undoing it)."""
-    p = pow2_below(amax)
-    # up = 2^14 / p, exact for a power of two p: biased exponent 268 − e for p's e in [27, 254] (p ≥ 2^-100),
-    # built from p's bits instead of a division (a full-precision divide: reciprocal, fix-ups, branches).
-    up = (0x46800000 - (p.to(tl.int32, bitcast=True) - 0x3F800000)).to(tl.float32, bitcast=True)
-    return up, p * (1.0 / F16_TOP)
-
-
-@triton.jit
 def scaled_f16(x, AXIS: tl.constexpr):
     """(x scaled to fp16, the factor that undoes it), one power-of-two scale per slice along AXIS: AXIS=1
     scales rows (the first operand of a product), AXIS=0 columns (the second). The factor has x's other
     dim."""
-    up, unscale = f16_scales(tl.max(tl.abs(x), axis=AXIS))
+    p = pow2_below(tl.max(tl.abs(x), axis=AXIS))
+    # up = 2^14 / p, exact for a power of two p: biased exponent 268 − e for p's e in [27, 254] (p ≥ 2^-100),
+    # built from p's bits instead of a division (a full-precision divide: reciprocal, fix-ups, branches).
+    up = (0x46800000 - (p.to(tl.int32, bitcast=True) - 0x3F800000)).to(tl.float32, bitcast=True)
     x16 = (x * up[None, :]).to(tl.float16) if AXIS == 0 else (x * up[:, None]).to(tl.float16)
-    return x16, unscale
+    return x16, p * (1.0 / F16_TOP)
 
 
 def row_scaled_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

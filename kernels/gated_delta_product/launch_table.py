@@ -28,7 +28,7 @@ STATE_FWD_BLOCK_V_16BIT_SMALL_K = 64  # forward pass, 16-bit inputs, K <= 64
 STATE_BWD_BLOCK_V_NH1 = 64  # reverse pass at n_h = 1: its 64 query rows need more shared memory per tile
 LEAN_FWD_STAGES = 3
 LEAN_S16_MIN_K = 128  # fp16 W·S in the short-loop forward pass from this K (slower below)
-OUTPUT_BLOCK_V = 128  # every V tile recomputes the chunk's scores, so one tile covers V up to 128
+OUTPUT_BLOCK_V = 256  # every V tile recomputes the chunk's scores, so one tile covers all of V (<= 256)
 TRANSPOSED_MAX_TOKENS = 32  # transposed output kernel where the token block is below a warp group's 64 rows
 TRANSPOSED_NO_GATE_MIN_NH = 3  # without a gate it was slower at n_h = 2
 GRAD_BLOCK_K = 64  # K slice of dqkw and wy_bwd: one slice at K <= 64, two at K = 128
@@ -89,7 +89,8 @@ def launch_table(K: int, V: int, num_householder: int, dtype: torch.dtype, gated
         dot_precision="tf32",
         sixteen_bit=True,
         wy_series=block_steps == 64,
-        wy_block_v=min(128 if block_steps == 64 else 64, PV),
+        # the series kernel scales each row of U by its largest entry, so one tile holds all of V
+        wy_block_v=PV if block_steps == 64 else min(64, PV),
         wy_warps=NUM_WARPS,
         state_fwd_block_v=fwd_bv,
         state_fwd_lean=fwd_lean,

@@ -23,7 +23,6 @@ from titan_delta_kernels.gated_delta_product._common import (
     ChunkGeometry,
     SequenceLayout,
     chunk_log_gates,
-    f16_scales,
     locate_chunk,
     row_scaled_f16,
     scaled_f16,
@@ -64,8 +63,7 @@ def wy_series_kernel(
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):  # fmt: skip
     """One 64-step chunk. ``ROW_SCALED`` (16-bit inputs): W and U in fp16 with a power-of-two scale per row
-    (``scaled_f16``; the inverses go to ``w_scale``, ``u_scale``), U in one [BT, BV] product where BV ≥ V,
-    else in two passes over its V tiles (the row scales, then the scaled tiles)."""
+    (``scaled_f16``; the inverses go to ``w_scale``, ``u_scale``), U in one [BT, BV] product (BV ≥ V)."""
     i_chunk, i_h = tl.program_id(0), tl.program_id(1)
     _seq, i_c, bos, eos = locate_chunk(i_chunk, cu_seqlens, chunk_offsets, T, NT, N, search_steps, IS_VARLEN)
     tok0 = bos + i_c * C
@@ -106,30 +104,12 @@ def wy_series_kernel(
         tl.store(w + rows[:, None] * K + o_k[None, :], w_rows.to(w.dtype.element_ty),
                  mask=m_s[:, None] & m_k[None, :])  # fmt: skip
     tb = (t * b[None, :]).to(kd)
-    if ROW_SCALED and V <= BV:
+    if ROW_SCALED:
         o_v = tl.arange(0, BV)
         m_sv = m_s[:, None] & (o_v < V)[None, :]
         vv = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
         u16, u_unscale = scaled_f16(tl.dot(tb, vv, input_precision=PREC), 1)
         tl.store(u + rows[:, None] * V + o_v[None, :], u16, mask=m_sv)
-        tl.store(u_scale + rows, u_unscale, mask=m_s)
-        return
-    if ROW_SCALED:
-        # A row's scale spans all of V: the first pass finds each row's largest entry over the V tiles, the
-        # second recomputes each tile (one [BT, BT]·[BT, BV] product) and stores it scaled.
-        amax = tl.zeros([BT], dtype=tl.float32)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_sv = m_s[:, None] & (o_v < V)[None, :]
-            vv = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(tl.dot(tb, vv, input_precision=PREC)), 1))
-        up, u_unscale = f16_scales(amax)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_sv = m_s[:, None] & (o_v < V)[None, :]
-            vv = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_sv, other=0.0)
-            u_tile = tl.dot(tb, vv, input_precision=PREC) * up[:, None]
-            tl.store(u + rows[:, None] * V + o_v[None, :], u_tile.to(tl.float16), mask=m_sv)
         tl.store(u_scale + rows, u_unscale, mask=m_s)
         return
     for i_v in range(0, tl.cdiv(V, BV)):

@@ -173,8 +173,8 @@ def test_bad_input_names_the_field(field, bad, message):
 # 16-bit inputs (fp16: the interpreter's bf16 products are not faithful). The shapes reach the short-loop and
 # general state passes (K a power of two or not, V a multiple of the tile or not), the series and the
 # substitution transform (n_h <= 4 / >= 5), the hoisted and the sliced wy_bwd (K, V <= 64 or not), fp16 W·S
-# (K = 128), both output kernels, and value heads wider than the transform's V tile (U's row scales in two
-# passes; V = 192 ends in a partial tile).
+# (K = 128), both output kernels, and value heads wider than 128 (one V tile of 256 in the transform and the
+# output kernels, V loops of four tiles in the gradient kernels; V = 192 ends in a partial tile).
 FP16_CASES = [
     (1, 70, 2, 32, 32, True),
     (2, 45, 2, 64, 64, False),
@@ -185,6 +185,7 @@ FP16_CASES = [
     (3, 30, 1, 96, 128, False),
     (2, 37, 1, 32, 256, True),
     (1, 30, 1, 32, 192, True),
+    (4, 20, 1, 32, 256, False),
 ]
 
 
@@ -209,6 +210,8 @@ GPU_CASES = [
     (1, 4, 200, 4, 128, 128),
     (2, 2, 301, 4, 64, 64),
     (2, 2, 301, 4, 128, 256),
+    (1, 1, 200, 2, 128, 256),
+    (4, 1, 99, 2, 64, 256),
     (3, 2, 177, 4, 128, 128),
     (4, 2, 99, 4, 64, 64),
 ]

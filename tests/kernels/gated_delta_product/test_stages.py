@@ -77,6 +77,11 @@ def test_launch_table_at_the_benchmark_shapes():
     assert not launch_table(64, 64, 5, torch.bfloat16, True).wy_series
     assert not launch_table(48, 64, 2, torch.bfloat16, True).state_fwd_lean
     assert not launch_table(64, 48, 2, torch.bfloat16, True).state_bwd_lean
+    # the 340M flavors' value heads: the transform and the output kernels take all 256 columns in one tile
+    wide = launch_table(128, 256, 2, torch.bfloat16, True)
+    assert wide.wy_block_v == wide.output_block_v == 256
+    assert wide.state_fwd_block_v == wide.state_bwd_block_v == 32
+    assert launch_table(128, 256, 5, torch.bfloat16, True).wy_block_v == 64  # the substitution kernel loops V
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

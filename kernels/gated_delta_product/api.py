@@ -9,7 +9,12 @@ from __future__ import annotations
 import torch
 
 from titan_delta_kernels._checks import check_same_device, check_shape, check_tensor
-from titan_delta_kernels.gated_delta_product._common import MAX_HEAD_DIM, MAX_VALUE_DIM, chunk_geometry
+from titan_delta_kernels.gated_delta_product._common import (
+    MAX_HEAD_DIM,
+    MAX_VALUE_DIM,
+    NARROW_KEY_MAX_VALUE_DIM,
+    chunk_geometry,
+)
 from titan_delta_kernels.gated_delta_product.chunk import gdp_chunk_fwd
 from titan_delta_kernels.gated_delta_product.recurrent import gdp_recurrent_fwd
 
@@ -39,6 +44,10 @@ def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     if K > MAX_HEAD_DIM or V > MAX_VALUE_DIM:
         raise ValueError(f"the Triton kernels support K <= {MAX_HEAD_DIM} and V <= {MAX_VALUE_DIM}, "
                          f"got K={K}, V={V}")  # fmt: skip
+    if q.is_cuda and K < MAX_HEAD_DIM and V > NARROW_KEY_MAX_VALUE_DIM:
+        raise ValueError(f"on a GPU the Triton kernels take V > {NARROW_KEY_MAX_VALUE_DIM} only with K = "
+                         f"{MAX_HEAD_DIM}, got K={K}, V={V} (titan_delta.ops.gated_delta_product runs such "
+                         f"value heads as {NARROW_KEY_MAX_VALUE_DIM}-column slices)")  # fmt: skip
     check_shape("k", k, (B, T * n_h, H, K), "[B, T*num_householder, H, K]")
     check_shape("v", v, (B, T * n_h, H, V), "[B, T*num_householder, H, V]")
     check_shape("beta", beta, (B, T * n_h, H), "[B, T*num_householder, H]")
@@ -69,7 +78,8 @@ def gated_delta_product_triton(
     """Chunked Gated DeltaProduct (differentiable in q, k, v, g, β and the initial state).
 
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
-    final state [N,H,K,V] fp32 (or None). n_h in 1..8, K up to 128, V up to 256, any T, varlen via cu_seqlens.
+    final state [N,H,K,V] fp32 (or None). n_h in 1..8, K up to 128, V up to 256 (on a GPU V <= 64 unless
+    K = 128), any T, varlen via cu_seqlens.
     The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
     """
     args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)

@@ -13,11 +13,12 @@ from .gdp_helpers import initial_state_for, make_inputs
 
 
 @pytest.mark.parametrize(
-    ("v_dim", "expected"),
-    [(64, 64), (128, 128), (256, 256), (512, 256), (384, 128), (192, 64), (96, None), (2048, None)],
-)
-def test_value_piece(v_dim: int, expected: int | None) -> None:
-    assert api.value_piece(v_dim) == expected
+    ("v_dim", "k_dim", "expected"),
+    [(64, 128, 64), (128, 128, 128), (256, 128, 256), (512, 128, 256), (384, 128, 128), (192, 128, 64),
+     (96, 128, None), (2048, 128, None), (64, 64, 64), (128, 64, 64), (256, 64, 64), (96, 64, None)],
+)  # fmt: skip
+def test_value_piece(v_dim: int, k_dim: int, expected: int | None) -> None:
+    assert api.value_piece(v_dim, k_dim) == expected
 
 
 @pytest.mark.parametrize("n_h", [1, 3])
@@ -64,3 +65,23 @@ def test_auto_sends_wide_values_to_the_kernel_in_slices(monkeypatch: pytest.Monk
     x["v"] = x["v"][..., :256]
     o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
     assert widths == [256, 256, 256] and o.shape[-1] == 256
+    x["q"], x["k"] = x["q"][..., :64], x["k"][..., :64]  # K = 64: 64-column slices
+    o, _ = api.gated_delta_product(**x, num_householder=2, backend="auto")
+    assert widths == [256, 256, 256, 64, 64, 64, 64] and o.shape[-1] == 256
+
+
+@pytest.mark.gpu
+def test_gpu_auto_with_a_narrow_key_and_a_wide_value_matches_the_reference() -> None:
+    """K = 64, V = 256 on a GPU: the kernel refuses one launch, auto runs 64-column slices within bf16
+    tolerances of the fp64 reference."""
+    from titan_delta_kernels.gated_delta_product import gated_delta_product_triton
+
+    torch.manual_seed(0)
+    x = make_inputs(B=2, T=150, H=2, K=64, V=256, n_h=2, dtype=torch.float64)
+    x = {n: t if n == "g" else t.bfloat16().double() for n, t in x.items()}  # the reference sees bf16 inputs
+    args = [x[n].cuda() if n == "g" else x[n].cuda().bfloat16() for n in ("q", "k", "v", "g", "beta")]
+    with pytest.raises(ValueError, match="V > 64 only with K = 128"):
+        gated_delta_product_triton(*args, num_householder=2)
+    expected, _ = gated_delta_product_chunked(**x, num_householder=2)
+    got, _ = api.gated_delta_product(*args, num_householder=2)
+    assert_rel_close(got.cpu(), expected, 5e-3, "o")

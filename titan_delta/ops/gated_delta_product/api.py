@@ -22,7 +22,8 @@ def _load_triton_kernel():
 # Where "auto" takes the kernel: the head sizes its H200 correctness runs covered (docs/benchmarks.md) and the
 # n_h range it compiles for. Anything else runs the reference rather than an unverified or refused launch.
 AUTO_KERNEL_HEAD_DIMS = (64, 128)
-AUTO_KERNEL_VALUE_DIMS = (64, 128, 256)  # the kernels tile V: one launch covers the value head (K-side once)
+AUTO_KERNEL_VALUE_DIMS = (64, 128, 256)  # with K = 128: the kernels tile V, one launch covers the value head
+AUTO_NARROW_KEY_VALUE_DIMS = (64,)  # with K = 64 wider value heads failed the GPU tests (the kernel refuses)
 AUTO_KERNEL_MAX_HOUSEHOLDER = 8
 MAX_FP32_HOUSEHOLDER = 4  # the kernels' fp32 limit (titan_delta_kernels.gated_delta_product.api)
 # Wider value heads run as V / piece kernel launches: every value column of the state evolves independently
@@ -30,11 +31,13 @@ MAX_FP32_HOUSEHOLDER = 4  # the kernels' fp32 limit (titan_delta_kernels.gated_d
 MAX_VALUE_DIM = 1024
 
 
-def value_piece(v_dim: int) -> int | None:
-    """The value-head slice the kernel runs on: V itself when supported, else 256, 128 or 64 dividing V."""
-    if v_dim in AUTO_KERNEL_VALUE_DIMS:
+def value_piece(v_dim: int, k_dim: int = 128) -> int | None:
+    """The value-head slice the kernel runs on for key dim ``k_dim``: V itself when supported, else the widest
+    supported width dividing V (256, 128 or 64 at K = 128; 64 at K = 64)."""
+    widths = AUTO_KERNEL_VALUE_DIMS if k_dim == max(AUTO_KERNEL_HEAD_DIMS) else AUTO_NARROW_KEY_VALUE_DIMS
+    if v_dim in widths:
         return v_dim
-    for piece in sorted(AUTO_KERNEL_VALUE_DIMS, reverse=True):
+    for piece in sorted(widths, reverse=True):
         if v_dim % piece == 0 and v_dim <= MAX_VALUE_DIM:
             return piece
     return None
@@ -45,7 +48,7 @@ def _auto_prefers_triton(q: torch.Tensor, v: torch.Tensor, num_householder: int)
         q.is_cuda
         and q.dtype != torch.float64
         and q.shape[-1] in AUTO_KERNEL_HEAD_DIMS
-        and value_piece(v.shape[-1]) is not None
+        and value_piece(v.shape[-1], q.shape[-1]) is not None
         and num_householder <= AUTO_KERNEL_MAX_HOUSEHOLDER
         and (q.dtype != torch.float32 or num_householder <= MAX_FP32_HOUSEHOLDER)
     )
@@ -140,7 +143,7 @@ def gated_delta_product(
         cu_seqlens=cu_seqlens,
     )
     if kernel is not None:
-        piece = value_piece(v.shape[-1]) if q.is_cuda else None
+        piece = value_piece(v.shape[-1], q.shape[-1]) if q.is_cuda else None
         return run_in_value_pieces(kernel, piece or v.shape[-1], q, k, v, g, beta, **kwargs)
     with reference_precision(q):
         return gated_delta_product_chunked(q, k, v, g, beta, **kwargs)

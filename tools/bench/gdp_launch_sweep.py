@@ -1,20 +1,20 @@
 """Times launch-table variants of the chunked Gated DeltaProduct op at one shape, each checked against the
 shipped launch table's result.
 
-    python tools/bench/gdp_launch_sweep.py --shape 16x2048x4x128x128x2 \\
+    python tools/bench/gdp_launch_sweep.py --shape 16x2048x4x128x256x2 \\
         --variants "state_bwd_block_v=64; grad_block_v=128; grad_warps=8,wy_bwd_stages=2"
 
 A variant overrides fields of ``GdpLaunch`` (``kernels/gated_delta_product/launch_table.py``) in the row the
 shape selects; ``;`` separates variants, ``,`` the fields of one. The shipped row runs first and again last
-(the drift between the two is the noise floor). Per variant: the median fwd+bwd time
-(``triton.testing.do_bench``), its ratio to the shipped row's first time, the largest relative RMS difference
-of o and the five input gradients from the shipped row's, and each kernel's time in one profiled step. A
-variant that fails to compile or launch is reported with its error, and the sweep goes on.
+(the drift between the two is the noise floor). Per variant, on inputs of its own: the median fwd+bwd time
+(``triton.testing.do_bench``), its ratio to the shipped row's first time, the largest relative RMS
+difference of o and the five input gradients from the shipped row's (infinite where a value is not
+finite), and each kernel's time in one profiled step. A variant that fails to compile or launch is reported
+with its error, and the sweep goes on.
 
-The default shape is one value slice of the 340M gated_deltaproduct's op (``--shape BxTxHxKxVxNH``): local
-batch 16 × 2048, 4 heads, K = 128, V = 128 (the model's V = 256 runs as two such slices), n_h = 2.
-Under the CPU interpreter (``TRITON_INTERPRET=1``) it checks the variants and times one call with a wall
-clock (the numbers mean nothing there; the tests use it).
+The default shape is the 340M gated_deltaproduct's op (``--shape BxTxHxKxVxNH``): local batch 16 × 2048,
+4 heads, K = 128, V = 256, n_h = 2. Under the CPU interpreter (``TRITON_INTERPRET=1``) it checks the
+variants and times one call with a wall clock (the numbers mean nothing there; the tests use it).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gated_delta_product import kernel_times, make_inputs, rel
+from gated_delta_product import kernel_times, make_inputs
 
+from titan_delta.testing import rel_rms_error
 from titan_delta_kernels.gated_delta_product import chunk as chunk_module
 from titan_delta_kernels.gated_delta_product.api import gated_delta_product_triton
 from titan_delta_kernels.gated_delta_product.launch_table import GdpLaunch
@@ -114,7 +115,7 @@ def label(overrides: dict[str, object]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="16x2048x4x128x128x2", help="BxTxHxKxVxNH")
+    parser.add_argument("--shape", default="16x2048x4x128x256x2", help="BxTxHxKxVxNH")
     parser.add_argument("--variants", required=True, help="FIELD=VALUE[,FIELD=VALUE][; ...]")
     parser.add_argument("--tolerance", type=float, default=2e-2,
                         help="largest relative RMS difference from the shipped row that counts as correct")
@@ -126,20 +127,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gdp_launch_sweep.py: {err}", file=sys.stderr)
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    inputs = make_inputs(B, T, H, K, n_h, device, V=V)
-    d_out = torch.randn(B, T, H, V, device=device, dtype=torch.bfloat16)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (interpreter)"
     print(f"# {name}, torch {torch.__version__}, bf16, shape [B,T,H,K,V] = [{B},{T},{H},{K},{V}], n_h {n_h}")
     print("| variant | fwd+bwd ms | × shipped | max rel RMS vs shipped | kernels (ms per step) |")
     print("|---|---:|---:|---:|---|")
-    use_launch({})
-    reference = step(inputs, d_out, n_h)
     base_ms = None
-    for overrides in [{}, *variants, {}]:
+    for index, overrides in enumerate([{}, *variants, {}]):
+        # Fresh inputs per variant, and the variant before the shipped row: an output element a variant
+        # leaves unwritten then holds another input's values (freed memory is reused), never the right one.
+        torch.manual_seed(index)
+        inputs = make_inputs(B, T, H, K, n_h, device, V=V)
+        d_out = torch.randn(B, T, H, V, device=device, dtype=torch.bfloat16)
         use_launch(overrides)
         try:
-            error = max(rel(a, b) for a, b in zip(step(inputs, d_out, n_h), reference, strict=True))
+            result = step(inputs, d_out, n_h)
+            use_launch({})
+            error = max(rel_rms_error(a, b) for a, b in zip(result, step(inputs, d_out, n_h), strict=True))
+            use_launch(overrides)
             ms = fwd_bwd_ms(inputs, d_out, n_h)
             kernels = kernel_times(
                 lambda *x: gated_delta_product_triton(*x, num_householder=n_h), inputs, d_out, 3

@@ -75,3 +75,19 @@ def test_benchmark_refuses_without_a_gpu():
     run = _run("gated_delta_product.py", "--profile", "1x16x1x16x2", timeout=300)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "needs a CUDA GPU" in run.stderr
+
+
+def test_launch_sweep_checks_each_variant_against_the_shipped_row():
+    """Under the interpreter: a consistent variant matches the shipped row; overriding grad_block_v below V
+    while the hoisted wy_bwd (which takes all of V in one tile) stays selected is flagged WRONG; a field the
+    launch table does not have is one clear error (exit 2)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    tool = [sys.executable, str(BENCH / "gdp_launch_sweep.py"), "--shape", "1x20x1x32x64x2"]
+    run = subprocess.run([*tool, "--variants", "output_block_v=32; grad_block_v=32"], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=REPO)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in run.stdout.splitlines() if line.startswith("| ")}
+    assert "WRONG" not in rows["output_block_v=32"] and "WRONG" in rows["grad_block_v=32"], run.stdout
+    assert sum(line.startswith("| shipped |") for line in run.stdout.splitlines()) == 2
+    bad = subprocess.run([*tool, "--variants", "tile=64"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert bad.returncode == 2 and "unknown launch field 'tile'" in bad.stderr

@@ -22,9 +22,10 @@ MAX_HEAD_DIM = 128
 # loops, the 64-step transform in one tile of up to 256 columns), so a wide value head runs as one op and its
 # K-side work (T, W, the scores and their gradients) once; the GPU tests cover V up to this.
 MAX_VALUE_DIM = 256
-# On a GPU, V above this needs K = MAX_HEAD_DIM: with K = 64 and V = 128 or 256 an H100 (Triton 3.6) gave
-# wrong outputs from the transposed output kernel and dk off by more than the bf16 tolerance, while the CPU
-# interpreter's results were right (docs/kernels_gated_delta_product.md, "Known limits").
+# On a GPU the chunked op takes V above this only with K = MAX_HEAD_DIM: with K = 64 and V = 128 or 256 an
+# H100 (Triton 3.6) gave wrong outputs from the transposed output kernel and dk off by more than the bf16
+# tolerance, while the CPU interpreter's results were right (docs/kernels_gated_delta_product.md, "Known
+# limits").
 NARROW_KEY_MAX_VALUE_DIM = 64
 
 

@@ -44,10 +44,6 @@ def _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens
     if K > MAX_HEAD_DIM or V > MAX_VALUE_DIM:
         raise ValueError(f"the Triton kernels support K <= {MAX_HEAD_DIM} and V <= {MAX_VALUE_DIM}, "
                          f"got K={K}, V={V}")  # fmt: skip
-    if q.is_cuda and K < MAX_HEAD_DIM and V > NARROW_KEY_MAX_VALUE_DIM:
-        raise ValueError(f"on a GPU the Triton kernels take V > {NARROW_KEY_MAX_VALUE_DIM} only with K = "
-                         f"{MAX_HEAD_DIM}, got K={K}, V={V} (titan_delta.ops.gated_delta_product runs such "
-                         f"value heads as {NARROW_KEY_MAX_VALUE_DIM}-column slices)")  # fmt: skip
     check_shape("k", k, (B, T * n_h, H, K), "[B, T*num_householder, H, K]")
     check_shape("v", v, (B, T * n_h, H, V), "[B, T*num_householder, H, V]")
     check_shape("beta", beta, (B, T * n_h, H), "[B, T*num_householder, H]")
@@ -83,6 +79,11 @@ def gated_delta_product_triton(
     The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
     """
     args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)
+    K, V = q.shape[-1], v.shape[-1]
+    if q.is_cuda and K < MAX_HEAD_DIM and V > NARROW_KEY_MAX_VALUE_DIM:
+        raise ValueError(f"on a GPU the chunked kernels take V > {NARROW_KEY_MAX_VALUE_DIM} only with K = "
+                         f"{MAX_HEAD_DIM}, got K={K}, V={V} (titan_delta.ops.gated_delta_product runs such "
+                         f"value heads as {NARROW_KEY_MAX_VALUE_DIM}-column slices)")  # fmt: skip
     o, final_state, *_ = gdp_chunk_fwd(*args)
     return o, (final_state if output_final_state else None)
 

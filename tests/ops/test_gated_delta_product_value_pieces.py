@@ -80,7 +80,7 @@ def test_gpu_auto_with_a_narrow_key_and_a_wide_value_matches_the_reference() -> 
     x = make_inputs(B=2, T=150, H=2, K=64, V=256, n_h=2, dtype=torch.float64)
     x = {n: t if n == "g" else t.bfloat16().double() for n, t in x.items()}  # the reference sees bf16 inputs
     args = [x[n].cuda() if n == "g" else x[n].cuda().bfloat16() for n in ("q", "k", "v", "g", "beta")]
-    with pytest.raises(ValueError, match="V > 64 only with K = 128"):
+    with pytest.raises(ValueError, match="chunked kernels take V > 64 only with K = 128"):
         gated_delta_product_triton(*args, num_householder=2)
     expected, _ = gated_delta_product_chunked(**x, num_householder=2)
     got, _ = api.gated_delta_product(*args, num_householder=2)

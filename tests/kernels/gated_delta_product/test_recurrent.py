@@ -18,10 +18,10 @@ from titan_delta_kernels.gated_delta_product import (
 from .helpers import NAMES, make_inputs
 
 
-@pytest.mark.parametrize(("n_h", "varlen"), [(2, False), (3, True)])
-def test_recurrent_decode_matches_reference(n_h, varlen):
+@pytest.mark.parametrize(("n_h", "varlen", "V"), [(2, False, 32), (3, True, 32), (2, False, 256)])
+def test_recurrent_decode_matches_reference(n_h, varlen, V):
     B, T, N = (1, 7, 3) if varlen else (2, 3, 2)
-    inputs = make_inputs(B, T, 2, 16, 32, n_h, num_seqs=N)
+    inputs = make_inputs(B, T, 2, 16, V, n_h, num_seqs=N)
     cu = torch.tensor([0, 2, 2, 7], dtype=torch.int32) if varlen else None
     args = [inputs[n] for n in NAMES[:5]]
     o, final = gated_delta_product_recurrent_triton(

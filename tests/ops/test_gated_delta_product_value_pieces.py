@@ -47,8 +47,8 @@ def test_value_pieces_equal_one_call_with_gradients(n_h: int) -> None:
 
 
 def test_auto_sends_wide_values_to_the_kernel_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA, V = 256 reaches the kernel as one call and V = 512 as two 256-wide ones; without CUDA "auto"
-    keeps the reference."""
+    """On CUDA, V = 256 reaches the kernel as one call and V = 512 as two 256-wide ones (K = 128), V = 256 as
+    four 64-wide ones at K = 64; without CUDA "auto" keeps the reference."""
     widths = []
 
     def fake_kernel(q, k, v, g, beta, **kwargs):

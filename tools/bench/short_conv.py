@@ -3,6 +3,7 @@
     python tools/bench/short_conv.py                       # x [16, 2048, C] bf16, C = 512, 1024, 2048
     python tools/bench/short_conv.py --shapes 8x4096x1536 --kernel-size 3 --documents 1
     python tools/bench/short_conv.py --ops --shapes 16x2048x512,16x2048x1024,16x2048x2048,16x2048x4096
+    python tools/bench/short_conv.py --shapes 16x2048x512,16x2048x1024 --l2-group 128
 
 The table: median ``triton.testing.do_bench`` times of the forward and of forward+backward, per shape, for
 (a) ``ShortCausalConv.forward_torch`` compiled with torch.compile (inductor, what the model ran before the
@@ -10,6 +11,10 @@ op) and (b) the Triton op, both on the same bf16 x, an fp32 weight [C, 1, K] (gr
 seq_pos with ``--documents`` documents of random lengths per row. GB/s effective counts the bytes a fused
 implementation cannot avoid: x read and y written (forward), x and dy read and dx written (backward).
 The last columns compare the two paths' y, dx and dw (relative RMS, and max |difference| of y).
+
+``--l2-group G`` normalises every G channels of the output (a head, as Gated DeltaProduct's q and k): the
+PyTorch path then ends with ``l2_normalize_groups`` and the table adds (c) the Triton conv followed by that
+normalisation compiled on its own (the model's path before the normalisation was fused into the op).
 
 ``--ops`` times the Triton op's two custom ops called directly (``short_conv_fwd``; ``short_conv_bwd``: the
 dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work hides the
@@ -61,23 +66,26 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def table(shapes: str, K: int, documents: int, activation: bool) -> None:
+def table(shapes: str, K: int, documents: int, activation: bool, l2_group: int) -> None:
     import triton
 
-    from titan_delta.models.components.short_conv import ShortCausalConv
+    from titan_delta.models.components.short_conv import ShortCausalConv, l2_normalize_groups
     from titan_delta_kernels.short_conv import short_causal_conv
 
     print(
         f"\n# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, "
-        f"bf16 x, fp32 weight, K = {K}, {documents} documents per row, SiLU {activation}"
+        f"bf16 x, fp32 weight, K = {K}, {documents} documents per row, SiLU {activation}, "
+        f"L2 groups of {l2_group or 'none'}"
     )
+    separate = " | Triton conv + compiled normalisation fwd | fwd+bwd" if l2_group else ""
     print("| x [B, T, C] | compiled PyTorch fwd | fwd+bwd | GB/s | Triton fwd | fwd+bwd | GB/s | speed-up "
-          "fwd+bwd | y / dx / dw rel RMS | y max abs |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"fwd+bwd | y / dx / dw rel RMS | y max abs{separate} |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if l2_group else ""))
+    compiled_normalize = torch.compile(l2_normalize_groups)
     for shape in shapes.split(","):
         B, T, C = (int(v) for v in shape.split("x"))
         torch.manual_seed(B * T + C)
-        conv = ShortCausalConv(C, K, activation).cuda()
+        conv = ShortCausalConv(C, K, activation, l2_group).cuda()
 
         x, weight, seq_pos, dy = make_inputs(B, T, C, K, documents, "cuda")
         conv.weight = weight  # one leaf for both paths
@@ -87,10 +95,15 @@ def table(shapes: str, K: int, documents: int, activation: bool) -> None:
             return compiled(x, seq_pos)
 
         def fused(x, weight, seq_pos):
-            return short_causal_conv(x, weight, seq_pos, activation)
+            return short_causal_conv(x, weight, seq_pos, activation, l2_group)
+
+        def conv_then_normalize(x, weight, seq_pos, normalize=compiled_normalize):
+            return normalize(short_causal_conv(x, weight, seq_pos, activation), l2_group)
 
         t_fwd, t_all = time_fwd_bwd(pytorch, x, weight, seq_pos, dy)
         k_fwd, k_all = time_fwd_bwd(fused, x, weight, seq_pos, dy)
+        if l2_group:
+            s_fwd, s_all = time_fwd_bwd(conv_then_normalize, x, weight, seq_pos, dy)
         expected, got = outputs(pytorch, x, weight, seq_pos, dy), outputs(fused, x, weight, seq_pos, dy)
         errors = " / ".join(f"{rel(a, e):.1e}" for a, e in zip(got, expected, strict=True))
         max_abs = (got[0].float() - expected[0].float()).abs().max().item()
@@ -98,12 +111,13 @@ def table(shapes: str, K: int, documents: int, activation: bool) -> None:
         row = [f"[{B}, {T}, {C}]", f"{t_fwd:.3f} ms", f"{t_all:.3f} ms", f"{gigabytes / t_all * 1e3:.0f}",
                f"{k_fwd:.3f} ms", f"{k_all:.3f} ms", f"{gigabytes / k_all * 1e3:.0f}",
                f"{t_all / k_all:.2f}×", errors, f"{max_abs:.1e}"]  # fmt: skip
+        row += [f"{s_fwd:.3f} ms", f"{s_all:.3f} ms"] if l2_group else []
         print("| " + " | ".join(row) + " |", flush=True)
         del x, weight, seq_pos, dy, conv, compiled, expected, got
         torch.cuda.empty_cache()
 
 
-def ops_table(shapes: str, K: int, documents: int, activation: bool) -> None:
+def ops_table(shapes: str, K: int, documents: int, activation: bool, l2_group: int) -> None:
     import triton
 
     from titan_delta_kernels.short_conv import conv
@@ -111,8 +125,12 @@ def ops_table(shapes: str, K: int, documents: int, activation: bool) -> None:
     print(
         f"\n# {torch.cuda.get_device_name(0)}, triton {triton.__version__}, dpre tiling "
         f"{getattr(conv, 'DPRE_TILING', 'shared with the other kernels')}, bf16 x, fp32 weight, K = {K}, "
-        f"{documents} documents per row, SiLU {activation}"
+        f"{documents} documents per row, SiLU {activation}, L2 groups of {l2_group or 'none'}"
     )
+    # kernels from before the normalisation was an argument take none
+    group = (l2_group,) if hasattr(conv, "check_l2_group") else ()
+    if l2_group and not group:
+        raise SystemExit("--l2-group: these kernels have no normalisation")
     print("| x [B, T, C] | forward op | GB/s (x, y) | backward op | GB/s (x, dy, dx) |")
     print("|---|---:|---:|---:|---:|")
     for shape in shapes.split(","):
@@ -120,8 +138,8 @@ def ops_table(shapes: str, K: int, documents: int, activation: bool) -> None:
         torch.manual_seed(B * T + C)
         x, weight, seq_pos, dy = make_inputs(B, T, C, K, documents, "cuda")
         x, weight = x.detach(), weight.detach()
-        fwd = do_bench_median(lambda: conv.short_conv_fwd(x, weight, seq_pos, activation))  # noqa: B023
-        bwd = do_bench_median(lambda: conv.short_conv_bwd(dy, x, weight, seq_pos, activation))  # noqa: B023
+        fwd = do_bench_median(lambda: conv.short_conv_fwd(x, weight, seq_pos, activation, *group))  # noqa: B023
+        bwd = do_bench_median(lambda: conv.short_conv_bwd(dy, x, weight, seq_pos, activation, *group))  # noqa: B023
         nbytes = x.numel() * x.element_size()
         print(f"| [{B}, {T}, {C}] | {fwd:.3f} ms | {2 * nbytes / fwd / 1e6:.0f} | {bwd:.3f} ms | "
               f"{3 * nbytes / bwd / 1e6:.0f} |", flush=True)  # fmt: skip
@@ -140,14 +158,16 @@ def main() -> int:
     parser.add_argument("--documents", type=int, default=4, help="documents per row (1: seq_pos all t)")
     parser.add_argument("--no-activation", action="store_true", help="identity instead of SiLU")
     parser.add_argument("--ops", action="store_true", help="time the custom ops directly (see above)")
+    parser.add_argument("--l2-group", type=int, default=0, help="channels per L2-normalised group (0: none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    documents, activation = max(1, args.documents), not args.no_activation
     if args.ops:
-        ops_table(args.shapes, args.kernel_size, max(1, args.documents), not args.no_activation)
+        ops_table(args.shapes, args.kernel_size, documents, activation, args.l2_group)
         return 0
-    table(args.shapes, args.kernel_size, max(1, args.documents), not args.no_activation)
+    table(args.shapes, args.kernel_size, documents, activation, args.l2_group)
     return 0
 
 

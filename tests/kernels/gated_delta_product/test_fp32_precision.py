@@ -78,7 +78,7 @@ FP32_CASES = [
     (3, 2, 177, 4, 128, 128, True),
     (4, 2, 99, 4, 64, 64, True),
     (4, 1, 130, 4, 128, 128, True),
-    (2, 2, 150, 4, 96, 80, True),
+    (2, 2, 150, 4, 96, 48, True),  # V > 64 needs K = 128 on a GPU (tests/ops: the refusal)
 ]
 
 

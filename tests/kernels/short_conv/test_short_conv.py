@@ -3,7 +3,8 @@
 CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (16 and 32
 rows, 128 per program) and channel blocks (32 and 64), odd and short T, K = 1..8, SiLU on and off, several
 documents per row with boundaries inside tiles and on tile edges, B > 1 (flat rows cross batch rows inside a
-tile); fp32 inputs at 1e-5, bf16/fp16 at 1e-2. Every kernel-allocated buffer is NaN-poisoned, so an element a
+tile), heads L2-normalised after the conv (groups of 16–64 channels, an all-zero head); fp32 inputs at 1e-5,
+bf16/fp16 at 1e-2. Every kernel-allocated buffer is NaN-poisoned, so an element a
 kernel forgets to write fails. Also: the model's module wired to the op, its torch.compile(fullgraph=True)
 trace, ``opcheck`` of the custom ops. GPU (``gpu`` marker): the 340M shapes in bf16 against fp64 and against
 the PyTorch bf16 path, compiled module, deterministic dw.
@@ -36,9 +37,9 @@ def positions(lengths_per_row: list[list[int]], device="cpu") -> torch.Tensor:
     return torch.stack(rows).to(device)
 
 
-def reference(x, weight, seq_pos, activation, dy):
+def reference(x, weight, seq_pos, activation, dy, l2_group=0):
     """(y, dx, dw) of the PyTorch path in fp64."""
-    conv = ShortCausalConv(x.shape[-1], weight.shape[-1], activation).double().to(x.device)
+    conv = ShortCausalConv(x.shape[-1], weight.shape[-1], activation, l2_group).double().to(x.device)
     with torch.no_grad():
         conv.weight.copy_(weight)
     x = x.detach().double().requires_grad_()
@@ -47,24 +48,25 @@ def reference(x, weight, seq_pos, activation, dy):
     return y, dx, dw
 
 
-def kernel(x, weight, seq_pos, activation, dy):
+def kernel(x, weight, seq_pos, activation, dy, l2_group=0):
     x = x.detach().requires_grad_()
     weight = weight.detach().requires_grad_()
-    y = short_causal_conv(x, weight, seq_pos, activation)
+    y = short_causal_conv(x, weight, seq_pos, activation, l2_group)
     dx, dw = torch.autograd.grad(y, (x, weight), dy)
     return y, dx, dw
 
 
-def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device="cpu"):
+def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device="cpu", l2_group=0, x=None):
     """Kernel vs fp64 reference on the same (dtype-rounded) x and dy; the weight is an fp32 parameter."""
-    x = torch.randn(B, T, C, device=device).to(dtype)
+    x = torch.randn(B, T, C, device=device).to(dtype) if x is None else x
     weight = torch.randn(C, 1, K, device=device)
     dy = torch.randn(B, T, C, device=device).to(dtype)
-    got = kernel(x, weight, seq_pos, activation, dy)
-    expected = reference(x, weight, seq_pos, activation, dy)
+    got = kernel(x, weight, seq_pos, activation, dy, l2_group)
+    expected = reference(x, weight, seq_pos, activation, dy, l2_group)
     assert got[0].dtype == dtype and got[1].dtype == dtype and got[2].dtype == torch.float32
     for name, a, e in zip(("y", "dx", "dw"), got, expected, strict=True):
-        assert_rel_close(a, e, tol, f"{name} (B={B}, T={T}, C={C}, K={K}, activation={activation})")
+        assert_rel_close(a, e, tol, f"{name} (B={B}, T={T}, C={C}, K={K}, activation={activation}, "
+                                    f"l2_group={l2_group})")  # fmt: skip
 
 
 # ---------------------------------------------------------------- CPU (interpreter) tests, tiny shapes
@@ -85,6 +87,38 @@ def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device
 )
 def test_matches_reference_fp32(B, T, C, K, activation, documents):
     check(B, T, C, K, activation, None if documents is None else positions(documents))
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "C", "K", "activation", "documents", "l2_group"),
+    [
+        (2, 70, 64, 4, True, [[3, 64, 3], [70]], 32),  # two heads per row, 64-row tiles
+        (3, 37, 96, 3, True, [[10, 1, 26], [37], [2, 35]], 32),  # three heads, batch rows inside a tile
+        (1, 150, 64, 4, False, [[40, 110]], 64),  # no activation: the normalisation alone, two programs
+        (2, 9, 48, 1, True, None, 16),  # one tap, 128-row tiles
+        (1, 40, 24, 8, True, [[3, 37]], 8),  # the widest filter
+    ],
+)
+def test_l2_normalised_heads_match_reference(B, T, C, K, activation, documents, l2_group):
+    seq_pos = None if documents is None else positions(documents)
+    check(B, T, C, K, activation, seq_pos, l2_group=l2_group)
+
+
+def test_l2_normalised_zero_head():
+    """A head whose conv output is zero (no activation, one tap, x = 0 there): y = 0 and the gradient passes
+    as dy / eps (the norm clamped at eps, its own gradient zero), as F.normalize's autograd gives; the other
+    heads and rows are compared on their own, away from those huge values."""
+    x = torch.randn(1, 20, 32)
+    x[:, 5:9, 16:] = 0.0
+    zero = torch.zeros_like(x, dtype=torch.bool)
+    zero[:, 5:9, 16:] = True
+    weight, dy = torch.randn(32, 1, 1), torch.randn(1, 20, 32)
+    got = kernel(x, weight, None, False, dy, 16)
+    expected = reference(x, weight, None, False, dy, 16)
+    assert not got[0][zero].any()
+    assert_rel_close(got[1][zero], expected[1][zero], 1e-5, "dx of the zero head")
+    assert_rel_close(got[1][~zero], expected[1][~zero], 1e-5, "dx elsewhere")
+    assert_rel_close(got[2], expected[2], 1e-5, "dw")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -137,6 +171,11 @@ def test_rejects_unsupported_arguments():
         short_causal_conv(x, torch.randn(5, 1, 4))
     with pytest.raises(TypeError, match="seq_pos"):
         short_causal_conv(x, torch.randn(4, 1, 4), torch.zeros(1, 8))
+    x, weight = torch.randn(1, 8, 24), torch.randn(24, 1, 4)
+    for group in (3, 16, 512):  # not a power of two, not dividing C = 24, too wide
+        with pytest.raises(ValueError, match="l2_group must be 0 or a power of two"):
+            short_causal_conv(x, weight, l2_group=group)
+    assert short_causal_conv(x, weight, l2_group=8).shape == x.shape
 
 
 def _force_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -148,20 +187,22 @@ def _force_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         loads.append(1)
         return load()
 
-    monkeypatch.setattr(short_conv_module, "_kernel_applies", lambda x, weight: True)
+    monkeypatch.setattr(short_conv_module, "_kernel_applies", lambda x, weight, l2_group: True)
     monkeypatch.setattr(short_conv_module, "_load_triton_conv", counting_load)
     return loads
 
 
-def test_module_runs_the_op_when_it_applies(monkeypatch):
-    conv = ShortCausalConv(40, kernel_size=4)
+@pytest.mark.parametrize("l2_group", [0, 8])
+def test_module_runs_the_op_when_it_applies(monkeypatch, l2_group):
+    conv = ShortCausalConv(40, kernel_size=4, l2_group=l2_group)
     x = torch.randn(2, 19, 40, requires_grad=True)
     seq_pos = positions([[4, 15], [19]])
+    dy = torch.randn(2, 19, 40)  # not 2y: the squares of normalised heads sum to a constant
     expected = conv.forward_torch(x, seq_pos)
-    expected_grads = torch.autograd.grad(expected.square().sum(), (x, conv.weight))
+    expected_grads = torch.autograd.grad(expected, (x, conv.weight), dy)
     loads = _force_kernel(monkeypatch)
     got = conv(x, seq_pos)
-    grads = torch.autograd.grad(got.square().sum(), (x, conv.weight))
+    grads = torch.autograd.grad(got, (x, conv.weight), dy)
     assert loads, "the module did not take the Triton path"
     assert_rel_close(got, expected, 1e-5, "y")
     for name, a, e in zip(("dx", "dw"), grads, expected_grads, strict=True):
@@ -201,9 +242,11 @@ def test_custom_ops_pass_opcheck(with_documents):
     x = torch.randn(1, 9, 6, requires_grad=True)
     weight = torch.randn(6, 1, 3, requires_grad=True)
     seq_pos = positions([[4, 5]]) if with_documents else None
-    torch.library.opcheck(conv_ops.short_conv_fwd, (x, weight, seq_pos, True))
-    dy = torch.randn(1, 9, 6)
-    torch.library.opcheck(conv_ops.short_conv_bwd, (dy, x.detach(), weight.detach(), seq_pos, False))
+    for l2_group in (0, 2):
+        torch.library.opcheck(conv_ops.short_conv_fwd, (x, weight, seq_pos, True, l2_group))
+        dy = torch.randn(1, 9, 6)
+        args = (dy, x.detach(), weight.detach(), seq_pos, False, l2_group)
+        torch.library.opcheck(conv_ops.short_conv_bwd, args)
 
 
 # ---------------------------------------------------------------- GPU tests, the 340M shapes
@@ -218,17 +261,18 @@ def _packed_positions(B: int, T: int, device) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("C", [512, 1024, 2048])
-def test_gpu_340m_shapes_bf16(C):
-    """Triton vs fp64 at 1e-2, and no less accurate than the PyTorch path on the same bf16 inputs."""
+@pytest.mark.parametrize(("C", "l2_group"), [(512, 0), (1024, 0), (2048, 0), (512, 128), (1024, 128)])
+def test_gpu_340m_shapes_bf16(C, l2_group):
+    """Triton vs fp64 at 1e-2, and no less accurate than the PyTorch path on the same bf16 inputs
+    (gated_deltaproduct 340M's q, k and v; q and k with their heads normalised)."""
     B, T, K = 16, 2048, 4
     x = torch.randn(B, T, C, device="cuda").to(torch.bfloat16)
     weight = torch.randn(C, 1, K, device="cuda") * 0.5
     dy = torch.randn(B, T, C, device="cuda").to(torch.bfloat16)
     seq_pos = _packed_positions(B, T, "cuda")
-    got = kernel(x, weight, seq_pos, True, dy)
-    expected = reference(x, weight, seq_pos, True, dy)
-    conv = ShortCausalConv(C, K).cuda()
+    got = kernel(x, weight, seq_pos, True, dy, l2_group)
+    expected = reference(x, weight, seq_pos, True, dy, l2_group)
+    conv = ShortCausalConv(C, K, l2_group=l2_group).cuda()
     with torch.no_grad():
         conv.weight.copy_(weight)
     xt = x.detach().requires_grad_()

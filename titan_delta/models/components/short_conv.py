@@ -1,4 +1,5 @@
-"""Short causal depthwise convolution (kernel 4 + SiLU) that never mixes tokens of different documents.
+"""Short causal depthwise convolution (kernel 4 + SiLU) that never mixes tokens of different documents,
+optionally L2-normalising each head of its output (Gated DeltaProduct's queries and keys).
 
 Written as K shifted multiply-adds rather than ``F.conv1d``: with packed documents each shifted copy is
 masked where it would reach back past the start of the current document, using the position-in-document
@@ -6,9 +7,10 @@ ids the model already derives from ``cu_seqlens``. That is branch-free (compiles
 costs K fused elementwise passes, which is what a depthwise conv of width 4 costs anyway.
 
 On CUDA ``forward`` runs the Triton op ``titan_delta_kernels.short_conv`` instead (same maths: taps rounded
-to x's dtype, fp32 accumulation): one pass forward, two backward, with the weight gradient as per-block
-partial sums rather than inductor's reductions over B·T per tap. ``forward_torch`` keeps the PyTorch code:
-the op's reference, the CPU path, and decoding's (``forward_with_history``).
+to x's dtype, fp32 accumulation, the normalisation in fp32): one pass forward, two backward, with the
+weight gradient as per-block partial sums rather than inductor's reductions over B·T per tap; the
+normalisation rides in the same passes instead of a pass of its own each way. ``forward_torch`` keeps the
+PyTorch code: the op's reference, the CPU path, and decoding's (``forward_with_history``).
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Where the Triton op runs: CUDA tensors of the dtypes and widths it takes, by the op's own limits
-    (tests patch this to run it on CPU under TRITON_INTERPRET=1)."""
+def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, l2_group: int) -> bool:
+    """Where the Triton op runs: CUDA tensors of the dtypes, widths and groups it takes, by the op's own
+    limits (tests patch this to run it on CPU under TRITON_INTERPRET=1)."""
     if not x.is_cuda:
         return False
     try:
-        from titan_delta_kernels.short_conv.conv import KERNEL_DTYPES, MAX_KERNEL_SIZE
+        from titan_delta_kernels.short_conv.conv import KERNEL_DTYPES, MAX_KERNEL_SIZE, check_l2_group
     except ImportError:
+        return False
+    try:
+        check_l2_group(l2_group, x.shape[-1])
+    except ValueError:
         return False
     supported = x.dtype in KERNEL_DTYPES and weight.dtype in KERNEL_DTYPES
     return supported and weight.shape[-1] <= MAX_KERNEL_SIZE
@@ -42,19 +48,34 @@ def _load_triton_conv():
     return short_causal_conv
 
 
+def l2_normalize_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., C] with every ``group`` consecutive channels divided by max(their L2 norm, 1e-12), computed in
+    (at least) fp32 and returned in x's dtype."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    groups = x.to(compute).unflatten(-1, (-1, group))
+    return F.normalize(groups, p=2.0, dim=-1).flatten(-2).to(x.dtype)
+
+
 class ShortCausalConv(nn.Module):
-    """y_t = SiLU(Σ_{j<K} weight[:, 0, K-1-j] · x_{t-j}), taps before the document start read as zero.
+    """y_t = SiLU(Σ_{j<K} weight[:, 0, K-1-j] · x_{t-j}), taps before the document start read as zero;
+    with ``l2_group`` = G > 0, every G consecutive output channels (a head) are then divided by their L2 norm
+    (``F.normalize``, computed in fp32).
 
     ``weight`` has nn.Conv1d's depthwise layout [C, 1, K] so checkpoints map one-to-one.
     """
 
-    def __init__(self, channels: int, kernel_size: int = 4, activation: bool = True) -> None:
+    def __init__(
+        self, channels: int, kernel_size: int = 4, activation: bool = True, l2_group: int = 0
+    ) -> None:
         super().__init__()
         if kernel_size < 1:
             raise ValueError(f"conv kernel_size must be >= 1, got {kernel_size}")
+        if l2_group < 0 or (l2_group and channels % l2_group):
+            raise ValueError(f"conv l2_group must be 0 or divide the {channels} channels, got {l2_group}")
         self.channels = channels
         self.kernel_size = kernel_size
         self.activation = activation
+        self.l2_group = l2_group
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         self.reset_parameters()
 
@@ -65,9 +86,9 @@ class ShortCausalConv(nn.Module):
     def forward(self, x: torch.Tensor, seq_pos: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C]; ``seq_pos`` [B, T] position of each token inside its document, or None when every
         row is a single document starting at t = 0."""
-        kernel = _load_triton_conv() if _kernel_applies(x, self.weight) else None
+        kernel = _load_triton_conv() if _kernel_applies(x, self.weight, self.l2_group) else None
         if kernel is not None:
-            return kernel(x, self.weight, seq_pos, self.activation)
+            return kernel(x, self.weight, seq_pos, self.activation, self.l2_group)
         return self.forward_torch(x, seq_pos)
 
     def forward_torch(self, x: torch.Tensor, seq_pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,7 +101,8 @@ class ShortCausalConv(nn.Module):
             if seq_pos is not None:
                 shifted = shifted * (seq_pos >= shift).unsqueeze(-1).to(x.dtype)
             out = out + shifted * taps[:, -1 - shift]
-        return F.silu(out) if self.activation else out
+        out = F.silu(out) if self.activation else out
+        return out if not self.l2_group else l2_normalize_groups(out, self.l2_group)
 
     def forward_with_history(
         self, x: torch.Tensor, history: torch.Tensor | None

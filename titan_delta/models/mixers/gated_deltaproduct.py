@@ -19,7 +19,7 @@ from torch import nn
 
 from titan_delta.models.components.fused_linear import fused_linear
 from titan_delta.models.components.norms import GatedRMSNorm, RMSNorm
-from titan_delta.models.components.short_conv import ShortCausalConv
+from titan_delta.models.components.short_conv import ShortCausalConv, l2_normalize_groups
 from titan_delta.models.context import MixerContext
 from titan_delta.models.flops import gated_deltaproduct_flops
 from titan_delta.ops import gated_delta_product
@@ -68,8 +68,9 @@ class GatedDeltaProduct(nn.Module):
             self.A_log._no_weight_decay = True  # optimizers may read this flag, as FLA's trainer does
             self.dt_bias._no_weight_decay = True
         if c.use_short_conv:
-            self.q_conv = ShortCausalConv(H * K, c.conv_size)
-            self.k_conv = ShortCausalConv(n * H * K, c.conv_size)
+            # the convs of q and k end with the L2 normalisation of every head (fused into the conv's passes)
+            self.q_conv = ShortCausalConv(H * K, c.conv_size, l2_group=K)
+            self.k_conv = ShortCausalConv(n * H * K, c.conv_size, l2_group=K)
             self.v_conv = ShortCausalConv(n * H * V, c.conv_size)
         if c.use_output_gate:
             self.g_proj = nn.Linear(c.dim, H * V, bias=False)
@@ -112,10 +113,8 @@ class GatedDeltaProduct(nn.Module):
         B, T, _ = x.shape
         c = self.config
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
-        q, k, v = self._project_qkv(x, ctx, cache)
+        q, k, v = self._project_qkv(x, ctx, cache)  # q and k L2-normalised per head
         q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
-        # autocast runs normalize in fp32; the op wants q, k and v in one dtype
-        q, k = F.normalize(q, p=2.0, dim=-1).to(v.dtype), F.normalize(k, p=2.0, dim=-1).to(v.dtype)
         # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs)
         gate_linears = [self.b_proj]
         gate_linears += [self.a_proj] if c.use_forget_gate else []
@@ -142,11 +141,14 @@ class GatedDeltaProduct(nn.Module):
     def _project_qkv(
         self, x: torch.Tensor, ctx: MixerContext, cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as [B, T, channels]: projections through the short convs (continuing the cache's
-        history when decoding), or SiLU of the projections when the convs are off."""
+        """q, k, v as [B, T, channels] in one dtype: projections through the short convs (continuing the
+        cache's history when decoding), or SiLU of the projections when the convs are off; q and k with every
+        head L2-normalised."""
         projections = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         if not self.config.use_short_conv:
-            return tuple(F.silu(p) for p in projections.values())  # type: ignore[return-value]
+            q, k, v = (F.silu(p) for p in projections.values())
+            K = self.config.head_dim
+            return l2_normalize_groups(q, K), l2_normalize_groups(k, K), v
         convs = {"q": self.q_conv, "k": self.k_conv, "v": self.v_conv}
         if cache is None:
             return tuple(convs[n](p, ctx.seq_pos) for n, p in projections.items())  # type: ignore[return-value]

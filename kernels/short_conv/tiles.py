@@ -1,0 +1,86 @@
+"""Tile helpers shared by the short conv's Triton kernels (fwd.py, bwd.py).
+
+Layout: x, y, dy, dx are contiguous [N = B·T, C] (channels contiguous); tokens are addressed by their flat row
+r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C channels; the K − 1 halo rows
+a tap reaches (behind in the forward, ahead in the backward's dx) are read as shifted, masked loads of the
+same tile, which hit L1/L2 (the previous tile just read them). Tap j at row r reads x[r − j] (weight
+[:, K − 1 − j]) and is used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t keeps it inside the batch
+row, seq_pos inside the current document.
+
+With L2 normalisation (``NORM``), a tile's BLOCK_C channels are exactly one group (a head): the group's norm
+is a row reduction inside the tile.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+L2_EPS = tl.constexpr(1e-12)  # F.normalize's default: y = u / max(‖u‖, eps)
+
+
+@triton.jit
+def positions(SEQ_POS, rows, t, ok, HAS_SEQ_POS: tl.constexpr):
+    """How many tokens back a tap may reach from each row (see the module docstring)."""
+    if HAS_SEQ_POS:
+        return tl.minimum(t, tl.load(SEQ_POS + rows, mask=ok, other=0).to(tl.int32))
+    return t
+
+
+@triton.jit
+def weight_tile(W, cols, col_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, X_DTYPE: tl.constexpr):
+    """[BLOCK_K, BLOCK_C] fp32: row j the weight of tap j (x[r − j]), rounded to x's dtype as the
+    PyTorch path does. Loaded once per program; ``tap_row`` picks a row (loop-invariant, so the compiler
+    hoists it out of the tile loop)."""
+    taps = tl.arange(0, BLOCK_K)
+    ptrs = W + cols[None, :] * K + (K - 1 - taps)[:, None]
+    w = tl.load(ptrs, mask=(taps < K)[:, None] & col_ok[None, :], other=0.0)
+    return w.to(X_DTYPE).to(tl.float32)
+
+
+@triton.jit
+def tap_row(weights, j, BLOCK_K: tl.constexpr):
+    """[BLOCK_C] row j of ``weight_tile``."""
+    return tl.sum(tl.where((tl.arange(0, BLOCK_K) == j)[:, None], weights, 0.0), axis=0)
+
+
+@triton.jit
+def tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
+    """[1, BLOCK_C] weight of tap j loaded on its own, in the layout of the tile's columns. The dpre kernel
+    takes its weights this way: the weight tile's per-tap row picks are cross-warp reductions and raised its
+    registers to two programs per SM. The forward and dx keep the tile, which measured faster there
+    (docs/benchmarks.md, "Short causal conv")."""
+    w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
+    return w.to(X_DTYPE).to(tl.float32)[None, :]
+
+
+@triton.jit
+def load_tile(TILE, rows, ok, cols, col_ok, C):
+    """fp32 rows × cols of a contiguous [·, C] tensor, rows counted from TILE (the tile's first row, so they
+    may be negative; int32 offsets within the tile), zero where a row is not ok."""
+    x = tl.load(TILE + rows[:, None] * C + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def shifted_x(X_TILE, local, row_ok, pos, cols, col_ok, C, j: tl.constexpr):
+    """x[r − j] over the tile's rows, zero where tap j is not used."""
+    return load_tile(X_TILE, local - j, row_ok & (pos >= j), cols, col_ok, C)
+
+
+@triton.jit
+def store_tile(TILE, rows, ok, cols, col_ok, C, value):
+    mask = ok[:, None] & col_ok[None, :]
+    tl.store(TILE + rows[:, None] * C + cols[None, :], value.to(TILE.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def row_norm(u):
+    """‖u_row‖ per row of a tile holding one group: [BLOCK_T, 1] fp32."""
+    return tl.sqrt(tl.sum(u * u, axis=1))[:, None]
+
+
+@triton.jit
+def inverse_norm(norm):
+    """1 / max(norm, eps): the factor F.normalize divides by."""
+    return 1.0 / tl.maximum(norm, L2_EPS)

@@ -76,7 +76,8 @@ def gated_delta_product_triton(
     Same layout and results as ``titan_delta.ops.gated_delta_product``: o [B,T,H,V] in q's dtype and the
     final state [N,H,K,V] fp32 (or None). n_h in 1..8, K up to 128, V up to 256 (on a GPU V <= 64 unless
     K = 128), any T, varlen via cu_seqlens.
-    The kernels and their launch parameters depend only on (K, V, n_h, dtype, gate): ``launch_table.py``.
+    The kernels and their launch parameters depend on (K, V, n_h, dtype, gate), and the state passes' tiles
+    on the number of sequences × heads: ``launch_table.py``.
     """
     args = _prepare(q, k, v, g, beta, num_householder, scale, initial_state, cu_seqlens)
     K, V = q.shape[-1], v.shape[-1]

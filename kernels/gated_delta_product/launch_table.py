@@ -1,6 +1,6 @@
-"""The launch table of the chunked Gated DeltaProduct op: which kernel each stage runs, and how, per
-(K, V, n_h, dtype, gate). This is the one place these choices are made; the stages take them as arguments
-and launch through ``launch_stage``.
+"""The launch table of the chunked Gated DeltaProduct op: which kernel each stage runs, and how, per (K, V,
+n_h, dtype, gate), the state passes' tiles also by the call's sequences × heads. This is the one place these
+choices are made; the stages take them as arguments and launch through ``launch_stage``.
 
 ``docs/kernels_gated_delta_product.md`` ("Launch table") has the table in words and why each row is as it is;
 the constants below carry the short reasons. "16-bit" means bf16 or fp16 inputs, which store W and U as fp16
@@ -24,6 +24,11 @@ from titan_delta_kernels.gated_delta_product._common import ChunkGeometry, Seque
 
 NUM_WARPS = 4  # every 16-bit kernel; fp32 state passes and gradient kernels
 STATE_BLOCK_V = 32  # both state passes: N·H·V/BV sequential programs, so narrow tiles give more of them
+# Few sequences × heads (long context at batch 1): where 32-column tiles give fewer than STATE_MIN_PROGRAMS
+# programs (under half an H100's SMs), both passes take 16-column tiles, twice the programs. Measured at
+# K = 128, n_h = 2 (docs/kernels_gated_delta_product.md, "Launch table"); other K and n_h keep their rows.
+STATE_NARROW_BLOCK_V = 16
+STATE_MIN_PROGRAMS = 64
 STATE_FWD_BLOCK_V_16BIT_SMALL_K = 64  # forward pass, 16-bit inputs, K <= 64
 STATE_BWD_BLOCK_V_NH1 = 64  # reverse pass at n_h = 1: its 64 query rows need more shared memory per tile
 LEAN_FWD_STAGES = 3
@@ -46,7 +51,7 @@ FP32_GRAD_BLOCK = 16  # dqkw's and wy_bwd's K slices and V tiles: wider ones spi
 
 @dataclass(frozen=True)
 class GdpLaunch:
-    """Every stage's kernel choice and launch parameters for one (K, V, n_h, dtype, gate)."""
+    """Every stage's kernel choice and launch parameters for one (K, V, n_h, dtype, gate, few programs)."""
 
     dot_precision: str  # tl.dot input_precision of every product
     sixteen_bit: bool  # 16-bit inputs: row-scaled fp16 W and U, 16-bit δ, dδ and direct dk
@@ -72,17 +77,31 @@ class GdpLaunch:
     wy_bwd_hoisted: bool
 
 
-def launch_table(K: int, V: int, num_householder: int, dtype: torch.dtype, gated: bool) -> GdpLaunch:
+def narrow_state_tiles(K: int, V: int, num_householder: int, sequence_heads: int | None) -> bool:
+    """Whether the 16-bit state passes take STATE_NARROW_BLOCK_V columns: ``sequence_heads`` (sequences ×
+    heads of the call; None: unknown, as many as needed) gives fewer than STATE_MIN_PROGRAMS programs at
+    STATE_BLOCK_V, at the measured K = 128 and n_h = 2, V a multiple of the narrow tile (the lean kernels)."""
+    if sequence_heads is None or K != 128 or num_householder != 2 or V % STATE_NARROW_BLOCK_V:
+        return False
+    return sequence_heads * -(-V // STATE_BLOCK_V) < STATE_MIN_PROGRAMS
+
+
+def launch_table(
+    K: int, V: int, num_householder: int, dtype: torch.dtype, gated: bool, sequence_heads: int | None = None
+) -> GdpLaunch:
     """The launch of every stage; not cached (cheap, and Dynamo warns about lru_cache in a compiled step).
-    16-bit inputs here, fp32 in ``_fp32_launch``."""
+    16-bit inputs here, fp32 in ``_fp32_launch``. ``sequence_heads`` (sequences × heads) selects the state
+    passes' tiles at few programs (``narrow_state_tiles``); everything else depends on the other arguments."""
     if dtype == torch.float32:
         return _fp32_launch(K, V, num_householder, gated)
     geo = chunk_geometry(num_householder)
     block_steps, block_tokens = geo.block_steps, geo.block_tokens
     BK, PV = max(16, next_power_of_2(K)), max(16, next_power_of_2(V))
     general_stages = 3 if BK <= 64 else 2
-    fwd_bv = min(STATE_FWD_BLOCK_V_16BIT_SMALL_K if K <= 64 else STATE_BLOCK_V, PV)
-    bwd_bv = min(STATE_BWD_BLOCK_V_NH1 if num_householder == 1 else STATE_BLOCK_V, PV)
+    narrow = narrow_state_tiles(K, V, num_householder, sequence_heads)
+    state_bv = STATE_NARROW_BLOCK_V if narrow else STATE_BLOCK_V
+    fwd_bv = min(STATE_FWD_BLOCK_V_16BIT_SMALL_K if K <= 64 else state_bv, PV)
+    bwd_bv = min(STATE_BWD_BLOCK_V_NH1 if num_householder == 1 else state_bv, PV)
     fwd_lean = BK == K and V % fwd_bv == 0
     bks, gbv = min(GRAD_BLOCK_K, BK), min(GRAD_BLOCK_V, PV)
     return GdpLaunch(

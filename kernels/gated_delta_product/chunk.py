@@ -17,7 +17,7 @@ import torch
 from titan_delta_kernels._precompile import precompile
 from titan_delta_kernels.gated_delta_product._common import chunk_geometry, sequence_layout
 from titan_delta_kernels.gated_delta_product.grads import dqkw, wy_bwd
-from titan_delta_kernels.gated_delta_product.launch_table import launch_table, narrow_state_tiles
+from titan_delta_kernels.gated_delta_product.launch_table import launch_table, state_block_v
 from titan_delta_kernels.gated_delta_product.output import dv_local, output_fwd
 from titan_delta_kernels.gated_delta_product.state import state_bwd, state_fwd
 from titan_delta_kernels.gated_delta_product.wy_fwd import wy_fwd
@@ -43,9 +43,9 @@ def _sequence_heads(q: Tensor, cu_seqlens: Tensor | None) -> int:
 def _kernel_set(stage: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None,
                 num_householder: int, *optional: Tensor | None) -> tuple:  # fmt: skip
     """What selects the kernels (and their constexprs) of one pass, for ``precompile``."""
-    narrow = narrow_state_tiles(k.shape[-1], v.shape[-1], num_householder, _sequence_heads(q, cu_seqlens))
+    state_bv = state_block_v(k.shape[-1], v.shape[-1], num_householder, _sequence_heads(q, cu_seqlens))
     return ("gdp", stage, k.shape[-1], v.shape[-1], num_householder, k.dtype, g is not None,
-            cu_seqlens is not None, narrow, *(x is not None for x in optional))  # fmt: skip
+            cu_seqlens is not None, state_bv, *(x is not None for x in optional))  # fmt: skip
 
 
 @torch.library.custom_op("titan_delta::gdp_chunk_fwd", mutates_args=())

@@ -24,11 +24,16 @@ from titan_delta_kernels.gated_delta_product._common import ChunkGeometry, Seque
 
 NUM_WARPS = 4  # every 16-bit kernel; fp32 state passes and gradient kernels
 STATE_BLOCK_V = 32  # both state passes: N·H·V/BV sequential programs, so narrow tiles give more of them
-# Few sequences × heads (long context at batch 1): where 32-column tiles give fewer than STATE_MIN_PROGRAMS
-# programs (under half an H100's SMs), both passes take 16-column tiles, twice the programs. Measured at
-# K = 128, n_h = 2 (docs/kernels_gated_delta_product.md, "Launch table"); other K and n_h keep their rows.
+# The state passes' tiles by the programs 32-column tiles give (sequences × heads × V/32), measured at
+# K = 128, n_h = 2 (docs/kernels_gated_delta_product.md, "Launch table"; other K and n_h keep 32): below
+# STATE_MIN_PROGRAMS (under half an H100's SMs: long context at batch 1) 16-column tiles, twice the
+# programs; from STATE_WIDE_MIN_PROGRAMS (about two programs per SM at 64 columns: 340M at batch 16)
+# 64-column tiles, half the programs, each reading its chunk's keys once for twice the columns.
 STATE_NARROW_BLOCK_V = 16
 STATE_MIN_PROGRAMS = 64
+STATE_WIDE_BLOCK_V = 64
+STATE_WIDE_MIN_PROGRAMS = 512
+STATE_WIDE_FWD_STAGES = 2  # the short-loop forward pass at 64 columns: 3 stages were slower
 STATE_FWD_BLOCK_V_16BIT_SMALL_K = 64  # forward pass, 16-bit inputs, K <= 64
 STATE_BWD_BLOCK_V_NH1 = 64  # reverse pass at n_h = 1: its 64 query rows need more shared memory per tile
 LEAN_FWD_STAGES = 3
@@ -77,13 +82,19 @@ class GdpLaunch:
     wy_bwd_hoisted: bool
 
 
-def narrow_state_tiles(K: int, V: int, num_householder: int, sequence_heads: int | None) -> bool:
-    """Whether the 16-bit state passes take STATE_NARROW_BLOCK_V columns: ``sequence_heads`` (sequences ×
-    heads of the call; None: unknown, as many as needed) gives fewer than STATE_MIN_PROGRAMS programs at
-    STATE_BLOCK_V, at the measured K = 128 and n_h = 2, V a multiple of the narrow tile (the lean kernels)."""
-    if sequence_heads is None or K != 128 or num_householder != 2 or V % STATE_NARROW_BLOCK_V:
-        return False
-    return sequence_heads * -(-V // STATE_BLOCK_V) < STATE_MIN_PROGRAMS
+def state_block_v(K: int, V: int, num_householder: int, sequence_heads: int | None) -> int:
+    """The 16-bit state passes' value columns per program (both passes) where the program count decides
+    them: ``sequence_heads`` (sequences × heads of the call; None: unknown) × V/STATE_BLOCK_V programs below
+    STATE_MIN_PROGRAMS take STATE_NARROW_BLOCK_V, from STATE_WIDE_MIN_PROGRAMS STATE_WIDE_BLOCK_V, at the
+    measured K = 128 and n_h = 2 with V a multiple of the tile (the lean kernels); else STATE_BLOCK_V."""
+    if sequence_heads is None or K != 128 or num_householder != 2:
+        return STATE_BLOCK_V
+    programs = sequence_heads * -(-V // STATE_BLOCK_V)
+    if programs < STATE_MIN_PROGRAMS and V % STATE_NARROW_BLOCK_V == 0:
+        return STATE_NARROW_BLOCK_V
+    if programs >= STATE_WIDE_MIN_PROGRAMS and V % STATE_WIDE_BLOCK_V == 0:
+        return STATE_WIDE_BLOCK_V
+    return STATE_BLOCK_V
 
 
 def launch_table(
@@ -91,15 +102,16 @@ def launch_table(
 ) -> GdpLaunch:
     """The launch of every stage; not cached (cheap, and Dynamo warns about lru_cache in a compiled step).
     16-bit inputs here, fp32 in ``_fp32_launch``. ``sequence_heads`` (sequences × heads) selects the state
-    passes' tiles at few programs (``narrow_state_tiles``); everything else depends on the other arguments."""
+    passes' tiles by their program count (``state_block_v``); everything else depends on the other
+    arguments."""
     if dtype == torch.float32:
         return _fp32_launch(K, V, num_householder, gated)
     geo = chunk_geometry(num_householder)
     block_steps, block_tokens = geo.block_steps, geo.block_tokens
     BK, PV = max(16, next_power_of_2(K)), max(16, next_power_of_2(V))
     general_stages = 3 if BK <= 64 else 2
-    narrow = narrow_state_tiles(K, V, num_householder, sequence_heads)
-    state_bv = STATE_NARROW_BLOCK_V if narrow else STATE_BLOCK_V
+    state_bv = state_block_v(K, V, num_householder, sequence_heads)
+    lean_fwd_stages = STATE_WIDE_FWD_STAGES if state_bv == STATE_WIDE_BLOCK_V else LEAN_FWD_STAGES
     fwd_bv = min(STATE_FWD_BLOCK_V_16BIT_SMALL_K if K <= 64 else state_bv, PV)
     bwd_bv = min(STATE_BWD_BLOCK_V_NH1 if num_householder == 1 else state_bv, PV)
     fwd_lean = BK == K and V % fwd_bv == 0
@@ -114,7 +126,7 @@ def launch_table(
         state_fwd_block_v=fwd_bv,
         state_fwd_lean=fwd_lean,
         state_fwd_s16=K >= LEAN_S16_MIN_K,
-        state_fwd_stages=LEAN_FWD_STAGES if fwd_lean else general_stages,
+        state_fwd_stages=lean_fwd_stages if fwd_lean else general_stages,
         state_bwd_block_v=bwd_bv,
         state_bwd_lean=BK == K and V % bwd_bv == 0,
         state_bwd_stages=general_stages,

@@ -84,38 +84,47 @@ def test_launch_table_at_the_benchmark_shapes():
     assert launch_table(128, 256, 5, torch.bfloat16, True).wy_block_v == 64  # the substitution kernel loops V
 
 
-def test_state_tiles_narrow_at_few_sequences_and_heads():
-    """16-column state tiles where 32-column ones give fewer than 64 programs (340M at 32768 × 1: 4 heads ×
-    8 tiles), at K = 128, n_h = 2, 16-bit only; 32 where the programs suffice or the call's size is
-    unknown."""
+def test_state_tiles_follow_the_program_count():
+    """At K = 128, n_h = 2, 16-bit: 16-column state tiles where 32-column ones give fewer than 64 programs
+    (340M at 32768 × 1: 4 heads × 8 tiles), 64-column ones (forward pass on 2 stages) from 512 programs
+    (340M at batch 16); 32 in between and where the call's size is unknown."""
     def state_tiles(K=128, V=256, n_h=2, dtype=torch.bfloat16, sequence_heads=None):
         cfg = launch_table(K, V, n_h, dtype, True, sequence_heads)
         return cfg.state_fwd_block_v, cfg.state_bwd_block_v
 
     assert state_tiles(sequence_heads=4) == (16, 16)  # 32 programs at 32 columns
     assert state_tiles(sequence_heads=7) == (16, 16)  # 56
-    assert state_tiles(sequence_heads=8) == state_tiles(sequence_heads=64) == state_tiles() == (32, 32)
+    assert state_tiles(sequence_heads=8) == state_tiles(sequence_heads=63) == state_tiles() == (32, 32)
+    assert state_tiles(sequence_heads=64) == state_tiles(sequence_heads=1000) == (64, 64)  # 512 and up
     assert state_tiles(V=128, sequence_heads=15) == (16, 16)
-    assert state_tiles(V=128, sequence_heads=16) == (32, 32)
-    assert state_tiles(K=64, sequence_heads=1) == (64, 32)  # unmeasured rows keep their tiles
-    assert state_tiles(n_h=1, sequence_heads=1) == (32, 64)
-    assert state_tiles(n_h=3, sequence_heads=1) == (32, 32)
+    assert state_tiles(V=128, sequence_heads=16) == state_tiles(V=128, sequence_heads=127) == (32, 32)
+    assert state_tiles(V=128, sequence_heads=128) == (64, 64)
+    assert state_tiles(V=96, sequence_heads=1000) == (32, 32)  # not a multiple of 64 columns
+    assert state_tiles(K=64, sequence_heads=1) == state_tiles(K=64, sequence_heads=1000) == (64, 32)
+    assert state_tiles(n_h=1, sequence_heads=1) == state_tiles(n_h=1, sequence_heads=1000) == (32, 64)
+    assert state_tiles(n_h=3, sequence_heads=1) == state_tiles(n_h=3, sequence_heads=1000) == (32, 32)
     assert state_tiles(V=72, sequence_heads=1) == (32, 32)  # not lean at 16 columns
     assert state_tiles(dtype=torch.float32, sequence_heads=1) == (16, 16)  # fp32's own rows
+    assert state_tiles(dtype=torch.float32, sequence_heads=1000) == (16, 16)
+    wide, default = (launch_table(128, 256, 2, torch.bfloat16, True, n) for n in (64, 8))
+    assert (wide.state_fwd_stages, default.state_fwd_stages) == (2, 3)
+    assert wide.state_fwd_lean and wide.state_bwd_lean
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("cu", [None, [0, 17, 45]])
 def test_narrow_state_tiles_match_the_wide_ones(cu, monkeypatch):
-    """Each value column of the state evolves on its own, so 16- and 32-column tiles give the same results
-    (one sequence and head: the table picks 16; 32 forced)."""
+    """Each value column of the state evolves on its own, so 16-, 32- and 64-column tiles give the same
+    results (one sequence and head: the table picks 16; 32 and 64 forced)."""
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     inputs = make_inputs(1, 45, 1, 128, 64, 2, num_seqs=None if cu is None else 2, dtype=torch.float16)
     with launches() as log:
         narrow, _ = run_with(monkeypatch, inputs, 2, cu=cu)
-    wide, _ = run_with(monkeypatch, inputs, 2, dict(state_fwd_block_v=32, state_bwd_block_v=32), cu=cu)
     assert {kwargs["BV"] for name, kwargs in log if name.startswith("state_")} == {16}
-    assert max_error(narrow, wide) < 1e-6
+    for columns, stages in ((32, 3), (64, 2)):
+        tiles = dict(state_fwd_block_v=columns, state_bwd_block_v=columns, state_fwd_stages=stages)
+        wide, _ = run_with(monkeypatch, inputs, 2, tiles, cu=cu)
+        assert max_error(narrow, wide) < 1e-6
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -184,6 +193,20 @@ def test_gpu_short_loop_forward_pass_is_bitwise_the_general_one(n_h, K, monkeypa
     general, _ = run_with(monkeypatch, inputs, n_h, dict(state_fwd_s16=False, state_fwd_lean=False,
                                                          state_fwd_stages=3 if K <= 64 else 2))  # fmt: skip
     assert bitwise(lean, general)
+
+
+@pytest.mark.gpu
+def test_gpu_state_tiles_of_every_width_give_the_same_results(monkeypatch):
+    """The 340M op at batch 16 (the table's 64-column state tiles) against 32- and 16-column tiles forced:
+    every value column evolves on its own through the same products (odd T: a partial chunk)."""
+    inputs = make_inputs(16, 259, 4, 128, 256, 2, device="cuda", dtype=torch.bfloat16, gate_range=(-0.5, 0.0))
+    with launches() as log:
+        wide, _ = run_with(monkeypatch, inputs, 2)
+    assert {kwargs["BV"] for name, kwargs in log if name.startswith("state_")} == {64}
+    for columns in (32, 16):
+        tiles = dict(state_fwd_block_v=columns, state_bwd_block_v=columns, state_fwd_stages=3)
+        other, _ = run_with(monkeypatch, inputs, 2, tiles)
+        assert bitwise(wide, other), columns
 
 
 @pytest.mark.gpu

@@ -53,13 +53,14 @@ def _store_dw(DW_ROW, cols, col_ok, K: tl.constexpr, acc, j: tl.constexpr):
 
 @triton.jit
 def short_conv_bwd_dpre_kernel(
-    X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N,
+    X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N, X_STRIDE,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr, NORM: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+    WRITE_DPRE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
-    """Backward, first pass: dpre (``_output_to_pre`` of dy, pre recomputed from x), stored in x's dtype
-    (with ACTIVATION or NORM; else dpre is dy itself), and DW_PARTIAL[program, :, K−1−j] = Σ_r x[r − j] ·
-    dpre[r] (fp32 dpre) over the program's TILES row tiles.
+    """Backward, first pass: dpre (``_output_to_pre`` of dy, pre recomputed from x; dy itself without
+    ACTIVATION and NORM), stored in x's dtype with WRITE_DPRE (else the caller uses dy as dpre), and
+    DW_PARTIAL[program, :, K−1−j] = Σ_r x[r − j] · dpre[r] (fp32 dpre) over the program's TILES row tiles.
+    x and dpre have rows X_STRIDE apart (C channels of wider tensors), dy is contiguous [N, C].
 
     Taps are unrolled up to 8 (``conv.MAX_KERNEL_SIZE``) as named values: each tap's weights are loaded once
     per program, and each shifted x tile once per tile, serving both the recomputed pre and the tap's weight
@@ -99,35 +100,35 @@ def short_conv_bwd_dpre_kernel(
         rows = row0 + local
         row_ok = rows < N
         pos = positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
-        xs = X + row0.to(tl.int64) * C
-        x0 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 0)
+        xs = X + row0.to(tl.int64) * X_STRIDE
+        x0 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 0)
         pre = x0 * w0
         if K > 1:
-            x1 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 1)
+            x1 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 1)
             pre += x1 * w1
         if K > 2:
-            x2 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 2)
+            x2 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 2)
             pre += x2 * w2
         if K > 3:
-            x3 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 3)
+            x3 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 3)
             pre += x3 * w3
         if K > 4:
-            x4 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 4)
+            x4 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 4)
             pre += x4 * w4
         if K > 5:
-            x5 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 5)
+            x5 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 5)
             pre += x5 * w5
         if K > 6:
-            x6 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 6)
+            x6 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 6)
             pre += x6 * w6
         if K > 7:
-            x7 = shifted_x(xs, local, row_ok, pos, cols, col_ok, C, 7)
+            x7 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 7)
             pre += x7 * w7
-        offset = row0.to(tl.int64) * C
-        dpre = load_tile(DY + offset, local, row_ok, cols, col_ok, C)
+        dpre = load_tile(DY + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
         if ACTIVATION or NORM:
             dpre = _output_to_pre(dpre, pre, ACTIVATION, NORM)
-            store_tile(DPRE + offset, local, row_ok, cols, col_ok, C, dpre)
+        if WRITE_DPRE:
+            store_tile(DPRE + row0.to(tl.int64) * X_STRIDE, local, row_ok, cols, col_ok, X_STRIDE, dpre)
         acc0 += x0 * dpre
         if K > 1:
             acc1 += x1 * dpre

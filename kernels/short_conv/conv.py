@@ -3,13 +3,19 @@
 Custom ops keep the Triton launches opaque to torch.compile (which traces the fake implementations) and carry
 the autograd rule, so the op composes with FSDP2 and activation checkpointing like any aten op.
 
-Forward (fwd.py): one kernel, y only (no activation is saved beyond the op's inputs), optionally
+One op call convolves one or several *segments*: consecutive channel ranges of x, each with its own weight
+and normalisation, each returned as its own contiguous tensor. A mixer projects q, k and v with one GEMM and
+convolves its output in place of three projections and three convs: the backward then produces one input
+gradient for one GEMM (separate projections each add a [tokens, dim] gradient to be summed), and the dx pass
+runs once over all channels.
+
+Forward (fwd.py): one kernel per segment, y only (no activation is saved beyond the op's inputs), optionally
 L2-normalised per group of channels (a head's query or key), which saves the model a normalisation pass
-over the activations each way. Backward (bwd.py), two kernels: ``dpre`` recomputes the pre-activation from
-x, writes the pre-activation's gradient in x's dtype (the rounding autograd's SiLU backward applies too) and
-dw as one fp32 partial sum per (program, channel, tap), summed over programs afterwards (deterministic, no
-atomics); ``dx`` then sums w_s · dpre[r + s]. Each kernel has its own tiling (``Tiling``); layout and tap
-masks are described in tiles.py.
+over the activations each way. Backward (bwd.py): ``dpre`` per segment recomputes the pre-activation from
+x, writes the pre-activation's gradient in x's dtype (the rounding autograd's SiLU backward applies too)
+into one buffer laid out like x, and dw as one fp32 partial sum per (program, channel, tap), summed over
+programs afterwards (deterministic, no atomics); one ``dx`` pass then sums w_s · dpre[r + s] over every
+channel. Each kernel has its own tiling (``Tiling``); layout and tap masks are described in tiles.py.
 """
 
 from __future__ import annotations
@@ -82,73 +88,94 @@ def _empty(shape, like: Tensor, dtype: torch.dtype) -> Tensor:
     return out.fill_(float("nan")) if os.environ.get("TITAN_DELTA_POISON") == "1" else out
 
 
-def _inputs(x: Tensor, weight: Tensor, seq_pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Contiguous x and weight, and seq_pos (x as an unread stand-in when None), as the kernels index them."""
-    x = x.contiguous()
-    return x, weight.contiguous(), x if seq_pos is None else seq_pos.contiguous()
+def _seq_pos_or(x: Tensor, seq_pos: Tensor | None) -> Tensor:
+    """seq_pos as the kernels index it (contiguous), or x as an unread stand-in when None."""
+    return x if seq_pos is None else seq_pos.contiguous()
+
+
+def _segments(weights: list[Tensor], l2_groups: list[int]) -> list[tuple[int, Tensor, int]]:
+    """(first channel in x, contiguous weight, l2_group) of each segment."""
+    offsets = [0]
+    for weight in weights[:-1]:
+        offsets.append(offsets[-1] + weight.shape[0])
+    return [(o, w.contiguous(), g) for o, w, g in zip(offsets, weights, l2_groups, strict=True)]
 
 
 @torch.library.custom_op("titan_delta::short_conv_fwd", mutates_args=())
 def short_conv_fwd(
-    x: Tensor, weight: Tensor, seq_pos: Tensor | None, activation: bool, l2_group: int
-) -> Tensor:
-    """y [B, T, C] (contiguous, x's dtype) from x [B, T, C], weight [C, 1, K], seq_pos [B, T] or None."""
-    B, T, C = x.shape
-    y = _empty(x.shape, x, x.dtype)
-    if y.numel() == 0:
-        return y
-    tiling = normalized_tiling(FORWARD_TILING, l2_group)
-    launch(short_conv_fwd_kernel, _grid(B * T, C, tiling), *_inputs(x, weight, seq_pos), y, T, C, B * T,
-           ACTIVATION=activation, NORM=bool(l2_group),
-           **_constexprs(weight.shape[-1], seq_pos, tiling))  # fmt: skip
-    return y
+    x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool, l2_groups: list[int]
+) -> list[Tensor]:
+    """[y_i [B, T, C_i] (contiguous, x's dtype)] from x [B, T, ΣC_i], weights [C_i, 1, K], seq_pos [B, T] or
+    None: segment i convolves channels ΣC_<i .. ΣC_≤i of x."""
+    B, T, width = x.shape
+    x = x.contiguous()
+    outputs = []
+    for offset, weight, l2_group in _segments(weights, l2_groups):
+        C = weight.shape[0]
+        y = _empty((B, T, C), x, x.dtype)
+        outputs.append(y)
+        if y.numel() == 0:
+            continue
+        tiling = normalized_tiling(FORWARD_TILING, l2_group)
+        launch(short_conv_fwd_kernel, _grid(B * T, C, tiling), x[..., offset:], weight,
+               _seq_pos_or(x, seq_pos), y, T, C, B * T, width, ACTIVATION=activation, NORM=bool(l2_group),
+               **_constexprs(weight.shape[-1], seq_pos, tiling))  # fmt: skip
+    return outputs
 
 
 @short_conv_fwd.register_fake
-def _(x, weight, seq_pos, activation, l2_group):
-    return x.new_empty(x.shape)
+def _(x, weights, seq_pos, activation, l2_groups):
+    return [x.new_empty(*x.shape[:2], weight.shape[0]) for weight in weights]
 
 
 @torch.library.custom_op("titan_delta::short_conv_bwd", mutates_args=())
 def short_conv_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor, seq_pos: Tensor | None, activation: bool, l2_group: int
-) -> tuple[Tensor, Tensor]:
-    """(dx in x's dtype, dw in weight's dtype and shape), contiguous, from dy and the forward's inputs."""
-    B, T, C = x.shape
-    K = weight.shape[-1]
+    dys: list[Tensor], x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool,
+    l2_groups: list[int],
+) -> list[Tensor]:  # fmt: skip
+    """[dx (contiguous, x's dtype and shape), dw_i (each weight's dtype and shape)] from the gradients dys of
+    the forward's outputs and its inputs."""
+    B, T, width = x.shape
+    K = weights[0].shape[-1]
     dx = _empty(x.shape, x, x.dtype)
     if dx.numel() == 0:
-        return dx, weight.new_zeros(weight.shape)
-    x, weight_c, seq_pos_or_x = _inputs(x, weight, seq_pos)
-    dy = dy.contiguous()
-    tiling = normalized_tiling(DPRE_TILING, l2_group)
-    grid = _grid(B * T, C, tiling)
-    partial = _empty((grid[0], C, K), x, torch.float32)
-    # without activation and normalisation the pre-activation's gradient is dy itself
-    dpre = _empty(x.shape, x, x.dtype) if activation or l2_group else dy
-    launch(short_conv_bwd_dpre_kernel, grid, x, weight_c, seq_pos_or_x, dy, dpre, partial, T, C, B * T,
-           ACTIVATION=activation, NORM=bool(l2_group),
-           **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
-    launch(short_conv_bwd_dx_kernel, _grid(B * T, C, DX_TILING), dpre, weight_c, seq_pos_or_x, dx, T, C,
-           B * T, **_constexprs(K, seq_pos, DX_TILING))  # fmt: skip
-    return dx, partial.sum(0).view(weight.shape).to(weight.dtype)
+        return [dx, *(weight.new_zeros(weight.shape) for weight in weights)]
+    x, seq_pos_or_x = x.contiguous(), _seq_pos_or(x, seq_pos)
+    # one segment without activation and normalisation: the pre-activation's gradient is dy itself
+    dpre_is_dy = len(weights) == 1 and not activation and not l2_groups[0]
+    dpre = dys[0].contiguous() if dpre_is_dy else _empty(x.shape, x, x.dtype)
+    segments = _segments(weights, l2_groups)
+    dws = []
+    for (offset, weight, l2_group), dy in zip(segments, dys, strict=True):
+        C = weight.shape[0]
+        tiling = normalized_tiling(DPRE_TILING, l2_group)
+        grid = _grid(B * T, C, tiling)
+        partial = _empty((grid[0], C, K), x, torch.float32)
+        launch(short_conv_bwd_dpre_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
+               dpre[..., offset:], partial, T, C, B * T, width, ACTIVATION=activation, NORM=bool(l2_group),
+               WRITE_DPRE=not dpre_is_dy, **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
+        dws.append(partial.sum(0).view(weight.shape).to(weight.dtype))
+    all_taps = segments[0][1] if len(segments) == 1 else torch.cat([w for _, w, _ in segments])
+    launch(short_conv_bwd_dx_kernel, _grid(B * T, width, DX_TILING), dpre, all_taps, seq_pos_or_x, dx, T,
+           width, B * T, **_constexprs(K, seq_pos, DX_TILING))  # fmt: skip
+    return [dx, *dws]
 
 
 @short_conv_bwd.register_fake
-def _(dy, x, weight, seq_pos, activation, l2_group):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+def _(dys, x, weights, seq_pos, activation, l2_groups):
+    return [x.new_empty(x.shape), *(weight.new_empty(weight.shape) for weight in weights)]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, seq_pos, activation, l2_group = inputs
-    ctx.save_for_backward(x, weight, seq_pos)
-    ctx.activation, ctx.l2_group = activation, l2_group
+    x, weights, seq_pos, activation, l2_groups = inputs
+    ctx.save_for_backward(x, seq_pos, *weights)
+    ctx.activation, ctx.l2_groups = activation, l2_groups
 
 
-def _backward(ctx, dy):
-    x, weight, seq_pos = ctx.saved_tensors
-    dx, dw = short_conv_bwd(dy, x, weight, seq_pos, ctx.activation, ctx.l2_group)
-    return dx, dw, None, None, None
+def _backward(ctx, dys):
+    x, seq_pos, *weights = ctx.saved_tensors
+    dx, *dws = short_conv_bwd(list(dys), x, weights, seq_pos, ctx.activation, ctx.l2_groups)
+    return dx, dws, None, None, None
 
 
 torch.library.register_autograd("titan_delta::short_conv_fwd", _backward, setup_context=_setup_context)
@@ -177,16 +204,38 @@ def short_causal_conv(
     of two ≤ 256 dividing C. Differentiable in x and weight (dw in weight's dtype). Runs on CUDA tensors, and
     on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
     """
+    return short_causal_conv_split(x, [weight], seq_pos, activation, [l2_group])[0]
+
+
+def short_causal_conv_split(
+    x: Tensor, weights: list[Tensor], seq_pos: Tensor | None = None, activation: bool = True,
+    l2_groups: list[int] | None = None,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """``short_causal_conv`` of consecutive channel ranges of x, each with its own weight and normalisation
+    in one op: x [B, T, ΣC_i], weights [C_i, 1, K] (one K), ``l2_groups`` one per weight (None: no
+    normalisation); returns (y_i [B, T, C_i], contiguous). dx is one [B, T, ΣC_i] gradient."""
     check_tensor("x", x, 3, "[B, T, C]", dtypes=KERNEL_DTYPES)
-    check_tensor("weight", weight, 3, "[C, 1, K]", dtypes=KERNEL_DTYPES)
-    B, T, C = x.shape
-    K = weight.shape[-1]
-    if weight.shape[:2] != (C, 1) or not 1 <= K <= MAX_KERNEL_SIZE:
-        raise ValueError(f"weight must have shape [C, 1, K] = [{C}, 1, K] with 1 <= K <= {MAX_KERNEL_SIZE}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
-    check_l2_group(l2_group, C)
+    if not weights:
+        raise ValueError("weights must hold at least one [C, 1, K] weight")
+    l2_groups = [0] * len(weights) if l2_groups is None else [int(g) for g in l2_groups]
+    if len(l2_groups) != len(weights):
+        raise ValueError(f"l2_groups must have one entry per weight ({len(weights)}), got {len(l2_groups)}")
+    B, T, width = x.shape
+    K = weights[0].shape[-1]
+    channels = [weight.shape[0] for weight in weights]
+    for i, weight in enumerate(weights):
+        name = "weight" if len(weights) == 1 else f"weights[{i}]"
+        check_tensor(name, weight, 3, "[C, 1, K]", dtypes=KERNEL_DTYPES)
+        if weight.shape[1] != 1 or weight.shape[-1] != K or not 1 <= K <= MAX_KERNEL_SIZE:
+            raise ValueError(f"{name} must have shape [C, 1, K] with 1 <= K <= {MAX_KERNEL_SIZE} (one K for "
+                             f"every weight), got {tuple(weight.shape)}")  # fmt: skip
+    if sum(channels) != width:
+        expected = f"[{width}, 1, K]" if len(weights) == 1 else f"[C_i, 1, K] with C_i adding up to {width}"
+        raise ValueError(f"weight must have shape {expected} (x's channels), got channels {channels}")
+    for group, C in zip(l2_groups, channels, strict=True):
+        check_l2_group(group, C)
     if seq_pos is not None:
         check_tensor("seq_pos", seq_pos, 2, "[B, T] (or [1, T])", dtypes=(torch.int32, torch.int64))
         seq_pos = seq_pos.expand(B, T).contiguous()
-    check_same_device(x=x, weight=weight, seq_pos=seq_pos)
-    return short_conv_fwd(x.contiguous(), weight, seq_pos, bool(activation), int(l2_group))
+    check_same_device(x=x, seq_pos=seq_pos, **{f"weights[{i}]": w for i, w in enumerate(weights)})
+    return tuple(short_conv_fwd(x.contiguous(), list(weights), seq_pos, bool(activation), l2_groups))

@@ -1,11 +1,12 @@
 """Tile helpers shared by the short conv's Triton kernels (fwd.py, bwd.py).
 
-Layout: x, y, dy, dx are contiguous [N = B·T, C] (channels contiguous); tokens are addressed by their flat row
-r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C channels; the K − 1 halo rows
-a tap reaches (behind in the forward, ahead in the backward's dx) are read as shifted, masked loads of the
-same tile, which hit L1/L2 (the previous tile just read them). Tap j at row r reads x[r − j] (weight
-[:, K − 1 − j]) and is used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t keeps it inside the batch
-row, seq_pos inside the current document.
+Layout: [N = B·T, C] with channels contiguous; y, dy and dx are contiguous, x and dpre may be C channels of
+a wider tensor (one GEMM's output for several convs), their rows X_STRIDE elements apart. Tokens are
+addressed by their flat row r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C
+channels; the K − 1 halo rows a tap reaches (behind in the forward, ahead in the backward's dx) are read as
+shifted, masked loads of the same tile, which hit L1/L2 (the previous tile just read them). Tap j at row r
+reads x[r − j] (weight [:, K − 1 − j]) and is used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t
+keeps it inside the batch row, seq_pos inside the current document.
 
 With L2 normalisation (``NORM``), a tile's BLOCK_C channels are exactly one group (a head): the group's norm
 is a row reduction inside the tile.
@@ -55,23 +56,23 @@ def tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.co
 
 
 @triton.jit
-def load_tile(TILE, rows, ok, cols, col_ok, C):
-    """fp32 rows × cols of a contiguous [·, C] tensor, rows counted from TILE (the tile's first row, so they
-    may be negative; int32 offsets within the tile), zero where a row is not ok."""
-    x = tl.load(TILE + rows[:, None] * C + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
+def load_tile(TILE, rows, ok, cols, col_ok, stride):
+    """fp32 rows × cols of a [·, C] tensor with rows ``stride`` apart, rows counted from TILE (the tile's
+    first row, so they may be negative; int32 offsets within the tile), zero where a row is not ok."""
+    x = tl.load(TILE + rows[:, None] * stride + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
     return x.to(tl.float32)
 
 
 @triton.jit
-def shifted_x(X_TILE, local, row_ok, pos, cols, col_ok, C, j: tl.constexpr):
+def shifted_x(X_TILE, local, row_ok, pos, cols, col_ok, stride, j: tl.constexpr):
     """x[r − j] over the tile's rows, zero where tap j is not used."""
-    return load_tile(X_TILE, local - j, row_ok & (pos >= j), cols, col_ok, C)
+    return load_tile(X_TILE, local - j, row_ok & (pos >= j), cols, col_ok, stride)
 
 
 @triton.jit
-def store_tile(TILE, rows, ok, cols, col_ok, C, value):
+def store_tile(TILE, rows, ok, cols, col_ok, stride, value):
     mask = ok[:, None] & col_ok[None, :]
-    tl.store(TILE + rows[:, None] * C + cols[None, :], value.to(TILE.dtype.element_ty), mask=mask)
+    tl.store(TILE + rows[:, None] * stride + cols[None, :], value.to(TILE.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ from titan_delta.models.components import (
     apply_rotary,
     swiglu_hidden_dim,
 )
-from titan_delta.models.components.fused_linear import fused_linear
+from titan_delta.models.components.fused_linear import fused_linear, fused_linear_joined
 from titan_delta.models.context import document_ids, positions_in_documents
 from titan_delta.testing import assert_rel_close
 
@@ -70,6 +70,11 @@ def test_fused_linear_matches_separate_linears():
         assert_rel_close(a, b, 1e-12, f"gradient {i}")
     (single,) = fused_linear(x, linears[1])
     assert_rel_close(single, separate[1], 1e-12, "one linear")
+    joined = fused_linear_joined(x, *linears)  # the 13 columns of the padded output, as one tensor
+    assert joined.shape == (2, 7, 13) and joined.stride(-2) == 16
+    assert_rel_close(joined, torch.cat(separate, -1), 1e-12, "joined")
+    aligned = fused_linear_joined(x, linears[0], linears[0])  # 16 columns: the GEMM's output itself
+    assert aligned.is_contiguous() and aligned.shape == (2, 7, 16)
 
 
 def test_swiglu_hidden_dim_rounding():

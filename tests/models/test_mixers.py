@@ -135,3 +135,27 @@ def test_gated_deltaproduct_switches(forget_gate, short_conv, output_gate):
             m.dt_bias.fill_(math.log(math.expm1(0.5)))
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     assert_rel_close(m(x, MixerContext()), _gdp_reference(m, x), 1e-10, "gdp with switches")
+
+
+def test_gated_deltaproduct_convolves_q_k_v_with_one_op(monkeypatch):
+    """Without a cache q, k and v come from one GEMM through one short-conv op (the Triton op forced on CPU):
+    the recurrence's values and the separate projections' gradients."""
+    from titan_delta.models.components import short_conv as short_conv_module
+
+    config = GatedDeltaProductConfig(dim=16, n_heads=2, head_dim=8, head_v_dim=16, backend="torch")
+    m = GatedDeltaProduct(config)
+    m.init_weights(0.3, 0.3)
+    x = torch.randn(2, 11, 16)
+    expected = _gdp_reference(m, x)
+    params = [p for _, p in sorted(m.named_parameters())]
+    expected_grads = torch.autograd.grad(expected.square().sum(), params)
+    calls = []
+    split = short_conv_module._load_triton_conv_split()
+    monkeypatch.setattr(short_conv_module, "_kernel_applies", lambda x, weight, l2_group: True)
+    monkeypatch.setattr(short_conv_module, "_load_triton_conv_split", lambda: calls.append(1) or split)
+    got = m(x, MixerContext())
+    assert calls == [1]
+    assert_rel_close(got, expected, 1e-5, "gdp output")
+    grads = torch.autograd.grad(got.square().sum(), params)
+    for (name, _), a, e in zip(sorted(m.named_parameters()), grads, expected_grads, strict=True):
+        assert_rel_close(a, e, 1e-4, f"gradient of {name}")

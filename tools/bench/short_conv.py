@@ -19,6 +19,12 @@ normalisation compiled on its own (the model's path before the normalisation was
 ``--ops`` times the Triton op's two custom ops called directly (``short_conv_fwd``; ``short_conv_bwd``: the
 dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work hides the
 kernels at small shapes. Run it under an older checkout's PYTHONPATH to compare kernels on one GPU.
+
+``--split C:G,C:G,... --dim D`` times a mixer's input side, x [B, T, D] bf16 -> convolved q, k, v, forward
+and forward+backward through autograd (gradients of x, the projections' and the convs' weights): (a) one
+``nn.Linear`` and one conv per segment of C channels (L2 groups G, 0 for none), and (b) one GEMM over the
+concatenated projection weights and one op over its output (``short_causal_conv_split``); ``--shapes`` gives
+B and T (its C is ignored).
 """
 
 from __future__ import annotations
@@ -127,10 +133,11 @@ def ops_table(shapes: str, K: int, documents: int, activation: bool, l2_group: i
         f"{getattr(conv, 'DPRE_TILING', 'shared with the other kernels')}, bf16 x, fp32 weight, K = {K}, "
         f"{documents} documents per row, SiLU {activation}, L2 groups of {l2_group or 'none'}"
     )
-    # kernels from before the normalisation was an argument take none
+    # kernels from before the normalisation was an argument take none; before the split op, no lists
     group = (l2_group,) if hasattr(conv, "check_l2_group") else ()
     if l2_group and not group:
         raise SystemExit("--l2-group: these kernels have no normalisation")
+    listed = hasattr(conv, "short_causal_conv_split")
     print("| x [B, T, C] | forward op | GB/s (x, y) | backward op | GB/s (x, dy, dx) |")
     print("|---|---:|---:|---:|---:|")
     for shape in shapes.split(","):
@@ -138,11 +145,76 @@ def ops_table(shapes: str, K: int, documents: int, activation: bool, l2_group: i
         torch.manual_seed(B * T + C)
         x, weight, seq_pos, dy = make_inputs(B, T, C, K, documents, "cuda")
         x, weight = x.detach(), weight.detach()
-        fwd = do_bench_median(lambda: conv.short_conv_fwd(x, weight, seq_pos, activation, *group))  # noqa: B023
-        bwd = do_bench_median(lambda: conv.short_conv_bwd(dy, x, weight, seq_pos, activation, *group))  # noqa: B023
+        if listed:
+            fwd_args = (x, [weight], seq_pos, activation, [l2_group])
+            bwd_args = ([dy], x, [weight], seq_pos, activation, [l2_group])
+        else:
+            fwd_args = (x, weight, seq_pos, activation, *group)
+            bwd_args = (dy, x, weight, seq_pos, activation, *group)
+        fwd = do_bench_median(lambda: conv.short_conv_fwd(*fwd_args))  # noqa: B023
+        bwd = do_bench_median(lambda: conv.short_conv_bwd(*bwd_args))  # noqa: B023
         nbytes = x.numel() * x.element_size()
         print(f"| [{B}, {T}, {C}] | {fwd:.3f} ms | {2 * nbytes / fwd / 1e6:.0f} | {bwd:.3f} ms | "
               f"{3 * nbytes / bwd / 1e6:.0f} |", flush=True)  # fmt: skip
+
+
+def split_table(shapes: str, segments: str, dim: int, K: int, documents: int) -> None:
+    """(a) a projection and a conv per segment against (b) one GEMM and the split op, through autograd."""
+    import triton
+
+    pairs = [tuple(int(v) for v in part.split(":")) for part in segments.split(",")]
+    print(f"\n# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"bf16, dim {dim}, segments {segments} (channels:L2 group), K = {K}, {documents} documents per row")
+    print("| x [B, T, dim] | separate fwd | fwd+bwd | one GEMM + split op fwd | fwd+bwd | speed-up fwd+bwd | "
+          "outputs / dx rel RMS |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for shape in shapes.split(","):
+        B, T, _ = (int(v) for v in shape.split("x"))
+        print(split_row(B, T, pairs, dim, K, documents), flush=True)
+        torch.cuda.empty_cache()
+
+
+def split_row(B: int, T: int, pairs: list[tuple[int, ...]], dim: int, K: int, documents: int) -> str:
+    from triton.testing import do_bench
+
+    from titan_delta_kernels.short_conv import short_causal_conv, short_causal_conv_split
+
+    torch.manual_seed(B * T)
+    seq_pos = make_inputs(1, T, 1, K, documents, "cuda")[2].expand(B, T)
+    x = torch.randn(B, T, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    projections = [torch.nn.Linear(dim, c, bias=False, **bf16) for c, _ in pairs]
+    taps = [make_inputs(1, 1, c, K, 1, "cuda")[1] for c, _ in pairs]
+    groups = [g for _, g in pairs]
+    dys = [torch.randn(B, T, c, **bf16) for c, _ in pairs]
+    leaves = [x, *taps, *(p.weight for p in projections)]
+
+    def separate():
+        segments = zip(projections, taps, groups, strict=True)
+        return [short_causal_conv(p(x), w, seq_pos, True, g) for p, w, g in segments]
+
+    def fused():
+        joined = torch.nn.functional.linear(x, torch.cat([p.weight for p in projections]))
+        return short_causal_conv_split(joined, taps, seq_pos, True, groups)
+
+    def timed(fn):
+        def fwd():
+            with torch.no_grad():
+                fn()
+
+        def fwd_bwd():
+            torch.autograd.backward(fn(), dys)
+
+        fwd_ms = do_bench(fwd, warmup=25, rep=200, return_mode="median")
+        return fwd_ms, do_bench(fwd_bwd, warmup=25, rep=200, grad_to_none=leaves, return_mode="median")
+
+    s_fwd, s_all = timed(separate)
+    f_fwd, f_all = timed(fused)
+    ys_s, ys_f = separate(), fused()
+    dx_s, dx_f = (torch.autograd.grad(ys, x, dys)[0] for ys in (ys_s, ys_f))
+    out_err = max(rel(a, b) for a, b in zip(ys_f, ys_s, strict=True))
+    return (f"| [{B}, {T}, {dim}] | {s_fwd:.3f} ms | {s_all:.3f} ms | {f_fwd:.3f} ms | {f_all:.3f} ms | "
+            f"{s_all / f_all:.2f}× | {out_err:.1e} / {rel(dx_f, dx_s):.1e} |")  # fmt: skip
 
 
 def do_bench_median(fn) -> float:
@@ -159,11 +231,16 @@ def main() -> int:
     parser.add_argument("--no-activation", action="store_true", help="identity instead of SiLU")
     parser.add_argument("--ops", action="store_true", help="time the custom ops directly (see above)")
     parser.add_argument("--l2-group", type=int, default=0, help="channels per L2-normalised group (0: none)")
+    parser.add_argument("--split", default="", help="C:G,C:G,...: time the split op's input side (see above)")
+    parser.add_argument("--dim", type=int, default=1024, help="--split: the projections' input width")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     documents, activation = max(1, args.documents), not args.no_activation
+    if args.split:
+        split_table(args.shapes, args.split, args.dim, args.kernel_size, documents)
+        return 0
     if args.ops:
         ops_table(args.shapes, args.kernel_size, documents, activation, args.l2_group)
         return 0

@@ -21,7 +21,7 @@ from titan_delta.models.components import short_conv as short_conv_module
 from titan_delta.models.components.short_conv import ShortCausalConv
 from titan_delta.testing import assert_rel_close, rel_rms_error
 from titan_delta_kernels.short_conv import conv as conv_ops
-from titan_delta_kernels.short_conv import short_causal_conv
+from titan_delta_kernels.short_conv import short_causal_conv, short_causal_conv_split
 
 LOW_PRECISION_TOL = 1e-2
 
@@ -178,6 +178,79 @@ def test_rejects_unsupported_arguments():
     assert short_causal_conv(x, weight, l2_group=8).shape == x.shape
 
 
+@pytest.mark.parametrize(
+    ("widths", "l2_groups", "K", "activation", "documents"),
+    [
+        ([32, 64, 100], [16, 32, 0], 4, True, [[3, 64, 3], [70]]),  # q, k, v: normalised heads, then not
+        ([24, 40], [0, 0], 3, False, None),  # no activation or normalisation: dpre is dy, still written
+        ([8, 8, 8, 8], [8, 0, 8, 0], 8, True, [[31, 39], [70]]),  # segments narrower than a channel block
+    ],
+)
+def test_split_matches_a_conv_per_segment(widths, l2_groups, K, activation, documents):
+    """One op over consecutive channel ranges of x against each range's own conv in fp64: outputs, the
+    weights' gradients, and x's gradient assembled from the ranges' (x a [B, T, ΣC] GEMM output)."""
+    B, T = 2, 70
+    seq_pos = None if documents is None else positions(documents)
+    x = torch.randn(B, T, sum(widths), requires_grad=True)
+    weights = [torch.randn(C, 1, K, requires_grad=True) for C in widths]
+    dys = [torch.randn(B, T, C) for C in widths]
+    ys = short_causal_conv_split(x, weights, seq_pos, activation, l2_groups)
+    grads = torch.autograd.grad(ys, (x, *weights), dys)
+    edges = [0, *itertools.accumulate(widths)]
+    expected_dx = []
+    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+        assert ys[i].shape == (B, T, hi - lo) and ys[i].is_contiguous()
+        y, dx, dw = reference(x[..., lo:hi], weights[i], seq_pos, activation, dys[i], l2_groups[i])
+        assert_rel_close(ys[i], y, 1e-5, f"y of segment {i}")
+        assert_rel_close(grads[1 + i], dw, 1e-5, f"dw of segment {i}")
+        expected_dx.append(dx)
+    assert_rel_close(grads[0], torch.cat(expected_dx, -1), 1e-5, "dx")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_is_bitwise_the_separate_ops(dtype):
+    """Each segment runs the kernels of its own conv (x read in place, the dx pass over all channels at
+    once with the same tiles), so outputs and gradients equal the separate ops' exactly."""
+    widths, groups = [16, 32, 48], [16, 16, 0]
+    x = torch.randn(2, 45, sum(widths)).to(dtype).requires_grad_()
+    weights = [torch.randn(C, 1, 4, requires_grad=True) for C in widths]
+    seq_pos = positions([[20, 25], [45]])
+    dys = [torch.randn(2, 45, C).to(dtype) for C in widths]
+    joined = short_causal_conv_split(x, weights, seq_pos, True, groups)
+    joined_grads = torch.autograd.grad(joined, (x, *weights), dys)
+    parts = [short_causal_conv(p, w, seq_pos, True, g)
+             for p, w, g in zip(x.split(widths, -1), weights, groups, strict=True)]  # fmt: skip
+    part_grads = torch.autograd.grad(parts, (x, *weights), dys)
+    for a, b in zip((*joined, *joined_grads), (*parts, *part_grads), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_split_with_an_unused_output():
+    """A segment whose output gets no gradient (autograd passes zeros): its part of dx and its dw are zero."""
+    x = torch.randn(1, 20, 24, requires_grad=True)
+    weights = [torch.randn(8, 1, 4, requires_grad=True), torch.randn(16, 1, 4, requires_grad=True)]
+    _, second = short_causal_conv_split(x, weights, l2_groups=[8, 0])
+    dx, dw_first, dw_second = torch.autograd.grad(second.square().sum(), (x, *weights))
+    _, expected_dx, expected_dw = reference(x[..., 8:], weights[1], None, True, 2 * second.detach())
+    assert not dx[..., :8].any() and not dw_first.any()
+    assert_rel_close(dx[..., 8:], expected_dx, 1e-5, "dx")
+    assert_rel_close(dw_second, expected_dw, 1e-5, "dw")
+
+
+def test_split_rejects_mismatched_arguments():
+    x, weights = torch.randn(1, 8, 24), [torch.randn(8, 1, 4), torch.randn(16, 1, 4)]
+    with pytest.raises(ValueError, match=r"adding up to 24 .*got channels \[8, 8\]"):
+        short_causal_conv_split(x, [weights[0], weights[0]])
+    with pytest.raises(ValueError, match="one K for every weight"):
+        short_causal_conv_split(x, [weights[0], torch.randn(16, 1, 3)])
+    with pytest.raises(ValueError, match="one entry per weight"):
+        short_causal_conv_split(x, weights, l2_groups=[8])
+    with pytest.raises(ValueError, match=r"l2_group must be 0 or a power of two .* 16 channels, got 32"):
+        short_causal_conv_split(x, weights, l2_groups=[8, 32])
+    with pytest.raises(ValueError, match="at least one"):
+        short_causal_conv_split(x, [])
+
+
 def _force_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Makes ``ShortCausalConv.forward`` take the Triton op on CPU; returns a list counting its loads."""
     loads = []
@@ -212,6 +285,32 @@ def test_module_runs_the_op_when_it_applies(monkeypatch, l2_group):
     assert len(loads) == 1 and y_step.shape == (2, 1, 40)
 
 
+def test_short_convs_take_one_op_when_every_conv_applies(monkeypatch):
+    """q, k and v convs over one GEMM's output: one call of the split op (forced on CPU), the same values
+    and gradients as each conv's PyTorch path on its range; mixed filter widths fall back to the convs."""
+    convs = [ShortCausalConv(16, l2_group=8), ShortCausalConv(16, l2_group=8), ShortCausalConv(24)]
+    x = torch.randn(2, 19, 56, requires_grad=True)
+    seq_pos = positions([[4, 15], [19]])
+    dys = [torch.randn(2, 19, c.channels) for c in convs]
+    params = [x, *(c.weight for c in convs)]
+    ranges = x.split([16, 16, 24], -1)
+    expected = [c.forward_torch(r, seq_pos) for c, r in zip(convs, ranges, strict=True)]
+    expected_grads = torch.autograd.grad(expected, params, dys)
+    _force_kernel(monkeypatch)
+    calls = []
+    split = short_conv_module._load_triton_conv_split()
+    monkeypatch.setattr(short_conv_module, "_load_triton_conv_split", lambda: calls.append(1) or split)
+    got = short_conv_module.short_convs(x, convs, seq_pos)
+    assert calls == [1]
+    for a, e, name in zip((*got, *torch.autograd.grad(got, params, dys)), (*expected, *expected_grads),
+                          ("q", "k", "v", "dx", "dw_q", "dw_k", "dw_v"), strict=True):  # fmt: skip
+        assert_rel_close(a, e, 1e-5, name)
+    mixed = [ShortCausalConv(16), ShortCausalConv(40, kernel_size=3)]
+    assert len(short_conv_module.short_convs(x, mixed, seq_pos)) == 2 and calls == [1]
+    with pytest.raises(ValueError, match=r"channels \[16, 16\] must add up to x's 56"):
+        short_conv_module.short_convs(x, convs[:2], seq_pos)
+
+
 def test_module_compiles_fullgraph_with_the_op(monkeypatch):
     """torch.compile(fullgraph=True) traces the module through the custom op's fake kernel and autograd rule
     (aot_eager: the graph is what inductor would get; inductor's CPU codegen adds nothing here)."""
@@ -239,13 +338,13 @@ def test_module_compiles_fullgraph_with_the_op(monkeypatch):
 
 @pytest.mark.parametrize("with_documents", [True, False])
 def test_custom_ops_pass_opcheck(with_documents):
-    x = torch.randn(1, 9, 6, requires_grad=True)
-    weight = torch.randn(6, 1, 3, requires_grad=True)
     seq_pos = positions([[4, 5]]) if with_documents else None
-    for l2_group in (0, 2):
-        torch.library.opcheck(conv_ops.short_conv_fwd, (x, weight, seq_pos, True, l2_group))
-        dy = torch.randn(1, 9, 6)
-        args = (dy, x.detach(), weight.detach(), seq_pos, False, l2_group)
+    for widths, l2_groups in (([6], [0]), ([6], [2]), ([4, 6], [2, 0])):
+        x = torch.randn(1, 9, sum(widths), requires_grad=True)
+        weights = [torch.randn(C, 1, 3, requires_grad=True) for C in widths]
+        torch.library.opcheck(conv_ops.short_conv_fwd, (x, weights, seq_pos, True, l2_groups))
+        dys = [torch.randn(1, 9, C) for C in widths]
+        args = (dys, x.detach(), [w.detach() for w in weights], seq_pos, False, l2_groups)
         torch.library.opcheck(conv_ops.short_conv_bwd, args)
 
 
@@ -282,6 +381,25 @@ def test_gpu_340m_shapes_bf16(C, l2_group):
         err, torch_err = rel_rms_error(a, e), rel_rms_error(t, e)
         assert err <= LOW_PRECISION_TOL, f"{name}: relative RMS error {err:.3e} > {LOW_PRECISION_TOL}"
         assert err <= 1.1 * torch_err + 1e-6, f"{name}: Triton {err:.3e} vs PyTorch path {torch_err:.3e}"
+
+
+@pytest.mark.gpu
+def test_gpu_split_at_340m_is_bitwise_the_separate_ops():
+    """gated_deltaproduct 340M's q, k (heads of 128 normalised) and v as one op over a [16, 2048, 3584]
+    projection output: exactly the three separate ops' outputs and gradients."""
+    widths, groups = [512, 1024, 2048], [128, 128, 0]
+    x = torch.randn(16, 2048, sum(widths), device="cuda").to(torch.bfloat16).requires_grad_()
+    weights = [(torch.randn(C, 1, 4, device="cuda") * 0.5).requires_grad_() for C in widths]
+    seq_pos = _packed_positions(16, 2048, "cuda")
+    dys = [torch.randn(16, 2048, C, device="cuda").to(torch.bfloat16) for C in widths]
+    joined = short_causal_conv_split(x, weights, seq_pos, True, groups)
+    joined_grads = torch.autograd.grad(joined, (x, *weights), dys)
+    parts = [short_causal_conv(p, w, seq_pos, True, g)
+             for p, w, g in zip(x.split(widths, -1), weights, groups, strict=True)]  # fmt: skip
+    part_grads = torch.autograd.grad(parts, (x, *weights), dys)
+    names = ("q", "k", "v", "dx", "dw_q", "dw_k", "dw_v")
+    for name, a, b in zip(names, (*joined, *joined_grads), (*parts, *part_grads), strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

@@ -28,6 +28,21 @@ def fused_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ..
     if len(linears) == 1:
         return (linears[0](x),)
     widths = [linear.out_features for linear in linears]
+    out = _padded_output(x, linears)
+    return tuple(out.split([*widths, out.shape[-1] - sum(widths)], dim=-1)[: len(linears)])
+
+
+def fused_linear_joined(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
+    """torch.cat([linear(x) for linear in linears], -1), computed by one GEMM: contiguous unless padding
+    columns were cut off (then a view of the padded output)."""
+    out = _padded_output(x, linears)
+    width = sum(linear.out_features for linear in linears)
+    return out if out.shape[-1] == width else out[..., :width]
+
+
+def _padded_output(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """The one GEMM over the concatenated weights (and biases), zero columns padding it to ALIGN."""
+    widths = [linear.out_features for linear in linears]
     pad = -sum(widths) % ALIGN
     weights = [linear.weight for linear in linears]
     if pad:
@@ -39,5 +54,4 @@ def fused_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ..
             for linear in linears
         ]
         bias = torch.cat(biases + ([biases[0].new_zeros(pad)] if pad else []))
-    out = F.linear(x, torch.cat(weights), bias)
-    return tuple(out.split(widths + ([pad] if pad else []), dim=-1)[: len(linears)])
+    return F.linear(x, torch.cat(weights) if len(weights) > 1 else weights[0], bias)

@@ -9,13 +9,15 @@ costs K fused elementwise passes, which is what a depthwise conv of width 4 cost
 On CUDA ``forward`` runs the Triton op ``titan_delta_kernels.short_conv`` instead (same maths: taps rounded
 to x's dtype, fp32 accumulation, the normalisation in fp32): one pass forward, two backward, with the
 weight gradient as per-block partial sums rather than inductor's reductions over B·T per tap; the
-normalisation rides in the same passes instead of a pass of its own each way. ``forward_torch`` keeps the
-PyTorch code: the op's reference, the CPU path, and decoding's (``forward_with_history``).
+normalisation rides in the same passes instead of a pass of its own each way. ``short_convs`` runs several
+convs over channel ranges of one tensor (q, k and v from one projection GEMM) as one op. ``forward_torch``
+keeps the PyTorch code: the op's reference, the CPU path, and decoding's (``forward_with_history``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +25,9 @@ from torch import nn
 
 
 def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, l2_group: int) -> bool:
-    """Where the Triton op runs: CUDA tensors of the dtypes, widths and groups it takes, by the op's own
-    limits (tests patch this to run it on CPU under TRITON_INTERPRET=1)."""
+    """Where the Triton op runs for a conv of ``weight`` over x (or over a channel range of x): CUDA tensors
+    of the dtypes, widths and groups it takes, by the op's own limits (tests patch this to run it on CPU
+    under TRITON_INTERPRET=1)."""
     if not x.is_cuda:
         return False
     try:
@@ -32,7 +35,7 @@ def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, l2_group: int) -> boo
     except ImportError:
         return False
     try:
-        check_l2_group(l2_group, x.shape[-1])
+        check_l2_group(l2_group, weight.shape[0])
     except ValueError:
         return False
     supported = x.dtype in KERNEL_DTYPES and weight.dtype in KERNEL_DTYPES
@@ -46,6 +49,37 @@ def _load_triton_conv():
     except ImportError:
         return None
     return short_causal_conv
+
+
+def _load_triton_conv_split():
+    """The Triton op over several channel ranges (``short_causal_conv_split``), or None, as above."""
+    try:
+        from titan_delta_kernels.short_conv import short_causal_conv_split
+    except ImportError:
+        return None
+    return short_causal_conv_split
+
+
+def short_convs(
+    x: torch.Tensor, convs: Sequence[ShortCausalConv], seq_pos: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    """(conv(range) for each conv), the convs applied to consecutive channel ranges of x [B, T, ΣC] (one
+    GEMM's output for their projections). One Triton op where the kernels apply to every conv (one filter
+    width and activation): the backward then returns one gradient for x instead of one per range, which the
+    GEMM needs. Else each conv on its range (views of x)."""
+    channels = [conv.channels for conv in convs]
+    if sum(channels) != x.shape[-1]:
+        raise ValueError(f"the convs' channels {channels} must add up to x's {x.shape[-1]}")
+    first = convs[0]
+    alike = all(c.kernel_size == first.kernel_size and c.activation == first.activation for c in convs)
+    kernel = None
+    if alike and all(_kernel_applies(x, c.weight, c.l2_group) for c in convs):
+        kernel = _load_triton_conv_split()
+    if kernel is not None:
+        weights = [conv.weight for conv in convs]
+        return kernel(x, weights, seq_pos, first.activation, [conv.l2_group for conv in convs])
+    ranges = x.split(channels, dim=-1)
+    return tuple(conv(part, seq_pos) for conv, part in zip(convs, ranges, strict=True))
 
 
 def l2_normalize_groups(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_delta.models.components.fused_linear import fused_linear
+from titan_delta.models.components.fused_linear import fused_linear, fused_linear_joined
 from titan_delta.models.components.norms import GatedRMSNorm, RMSNorm
-from titan_delta.models.components.short_conv import ShortCausalConv, l2_normalize_groups
+from titan_delta.models.components.short_conv import ShortCausalConv, l2_normalize_groups, short_convs
 from titan_delta.models.context import MixerContext
 from titan_delta.models.flops import gated_deltaproduct_flops
 from titan_delta.ops import gated_delta_product
@@ -143,13 +143,16 @@ class GatedDeltaProduct(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as [B, T, channels] in one dtype: projections through the short convs (continuing the
         cache's history when decoding), or SiLU of the projections when the convs are off; q and k with every
-        head L2-normalised."""
+        head L2-normalised. Training and prefill without a cache project q, k and v with one GEMM and
+        convolve its output with one op (``short_convs``): one input gradient in the backward, not three."""
+        if self.config.use_short_conv and cache is None:
+            joined = fused_linear_joined(x, self.q_proj, self.k_proj, self.v_proj)
+            q, k, v = short_convs(joined, (self.q_conv, self.k_conv, self.v_conv), ctx.seq_pos)
+            return q, k, v
         projections = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         if not self.config.use_short_conv:
             q, k, v = (F.silu(p) for p in projections.values())
             K = self.config.head_dim
             return l2_normalize_groups(q, K), l2_normalize_groups(k, K), v
         convs = {"q": self.q_conv, "k": self.k_conv, "v": self.v_conv}
-        if cache is None:
-            return tuple(convs[n](p, ctx.seq_pos) for n, p in projections.items())  # type: ignore[return-value]
         return tuple(cache.convolve(n, convs[n], p) for n, p in projections.items())  # type: ignore[return-value]

@@ -52,6 +52,17 @@ def _store_dw(DW_ROW, cols, col_ok, K: tl.constexpr, acc, j: tl.constexpr):
 
 
 @triton.jit
+def _tile_loads(X, DY, SEQ_POS, row0, local, cols, col_ok, T, C, end, X_STRIDE, HAS_SEQ_POS: tl.constexpr):
+    """The HBM reads of the row tile at row0 (rows from ``end`` on masked): (rows ok, positions, x, dy)."""
+    rows = row0 + local
+    row_ok = rows < end
+    pos = positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
+    x = shifted_x(X + row0.to(tl.int64) * X_STRIDE, local, row_ok, pos, cols, col_ok, X_STRIDE, 0)
+    dy = load_tile(DY + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
+    return row_ok, pos, x, dy
+
+
+@triton.jit
 def short_conv_bwd_dpre_kernel(
     X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N, X_STRIDE,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr, NORM: tl.constexpr,
@@ -66,7 +77,12 @@ def short_conv_bwd_dpre_kernel(
     per program, and each shifted x tile once per tile, serving both the recomputed pre and the tap's weight
     gradient. Each tap accumulates its products in its own [BLOCK_T, BLOCK_C] registers and reduces over
     rows once per program, not once per tile: a row reduction crosses warps (shared memory and a barrier
-    each). Taps ≥ K are pruned at compile time."""
+    each). Taps ≥ K are pruned at compile time.
+
+    The next tile's x and dy are loaded before the current tile's math (software prefetch: the loop's
+    loads do not feed a dot, so Triton's pipeliner leaves them in place): twice the bytes in flight per
+    program, which sets this kernel's pace. The shifted x tiles x[r − j], j ≥ 1, reach back into rows
+    already read (cache hits) and load within the iteration."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     local = tl.arange(0, BLOCK_T)
@@ -95,13 +111,14 @@ def short_conv_bwd_dpre_kernel(
     acc6 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     acc7 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     first_row = tl.program_id(0) * TILES * BLOCK_T
-    for tile in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
-        row0 = first_row + tile * BLOCK_T
-        rows = row0 + local
-        row_ok = rows < N
-        pos = positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
+    end = tl.minimum(N, first_row + TILES * BLOCK_T)
+    row0 = first_row
+    row_ok, pos, x0, dy = _tile_loads(X, DY, SEQ_POS, row0, local, cols, col_ok, T, C, end, X_STRIDE,
+                                      HAS_SEQ_POS)  # fmt: skip
+    for _ in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
+        next_ok, next_pos, next_x0, next_dy = _tile_loads(X, DY, SEQ_POS, row0 + BLOCK_T, local, cols, col_ok,
+                                                          T, C, end, X_STRIDE, HAS_SEQ_POS)  # fmt: skip
         xs = X + row0.to(tl.int64) * X_STRIDE
-        x0 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 0)
         pre = x0 * w0
         if K > 1:
             x1 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 1)
@@ -124,7 +141,7 @@ def short_conv_bwd_dpre_kernel(
         if K > 7:
             x7 = shifted_x(xs, local, row_ok, pos, cols, col_ok, X_STRIDE, 7)
             pre += x7 * w7
-        dpre = load_tile(DY + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
+        dpre = dy
         if ACTIVATION or NORM:
             dpre = _output_to_pre(dpre, pre, ACTIVATION, NORM)
         if WRITE_DPRE:
@@ -144,6 +161,7 @@ def short_conv_bwd_dpre_kernel(
             acc6 += x6 * dpre
         if K > 7:
             acc7 += x7 * dpre
+        row0, row_ok, pos, x0, dy = row0 + BLOCK_T, next_ok, next_pos, next_x0, next_dy
     dw_row = DW_PARTIAL + tl.program_id(0).to(tl.int64) * C * K
     _store_dw(dw_row, cols, col_ok, K, acc0, 0)
     if K > 1:

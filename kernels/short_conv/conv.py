@@ -50,10 +50,11 @@ class Tiling:
 
 
 # Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
-# holds K weight-gradient accumulators and K shifted x tiles besides its tiles: 16 × 32 tiles (4 values per
-# thread) were the fastest of the tilings timed (docs/benchmarks.md, "Short causal conv").
+# holds K weight-gradient accumulators, K shifted x tiles and the next tile's loads besides its tiles: 8 × 64
+# tiles (4 values per thread), 16 per program, were the fastest of the tilings timed with the prefetch
+# (docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
-DPRE_TILING = Tiling(rows=16, channels=32, tiles=8, num_warps=4)
+DPRE_TILING = Tiling(rows=8, channels=64, tiles=16, num_warps=4)
 DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 # With normalisation a tile spans one group (a head) to take its norm, with the values per tile of the tiling
 # it replaces: forward 16 × 128 and dpre 8 × 128 for 128-wide heads, the fastest or within noise of the

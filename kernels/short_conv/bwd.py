@@ -21,6 +21,7 @@ from titan_delta_kernels.short_conv.tiles import (
     store_tile,
     tap_row,
     tap_weight,
+    tile_rows,
     weight_tile,
 )
 
@@ -54,9 +55,7 @@ def _store_dw(DW_ROW, cols, col_ok, K: tl.constexpr, acc, j: tl.constexpr):
 @triton.jit
 def _tile_loads(X, DY, SEQ_POS, row0, local, cols, col_ok, T, C, end, X_STRIDE, HAS_SEQ_POS: tl.constexpr):
     """The HBM reads of the row tile at row0 (rows from ``end`` on masked): (rows ok, positions, x, dy)."""
-    rows = row0 + local
-    row_ok = rows < end
-    pos = positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
+    row_ok, pos = tile_rows(SEQ_POS, row0, local, T, end, HAS_SEQ_POS)
     x = shifted_x(X + row0.to(tl.int64) * X_STRIDE, local, row_ok, pos, cols, col_ok, X_STRIDE, 0)
     dy = load_tile(DY + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
     return row_ok, pos, x, dy
@@ -187,22 +186,28 @@ def short_conv_bwd_dx_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """Backward, second pass: dx[r] = Σ_s w_s · dpre[r + s], tap s used iff r + s is in r's batch row and
-    pos[r + s] ≥ s (the halo: K − 1 rows ahead of the tile)."""
+    pos[r + s] ≥ s (the halo: K − 1 rows ahead of the tile). The next tile's dpre rows (tap 0) are loaded
+    before the current tile's sum, as the dpre kernel prefetches."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     w = weight_tile(W, cols, col_ok, K, BLOCK_K, DX.dtype.element_ty)
     local = tl.arange(0, BLOCK_T)
     first_row = tl.program_id(0) * TILES * BLOCK_T
-    for tile in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
-        row0 = first_row + tile * BLOCK_T
+    end = tl.minimum(N, first_row + TILES * BLOCK_T)
+    row0 = first_row
+    row_ok, _ = tile_rows(SEQ_POS, row0, local, T, end, False)
+    dpre0 = load_tile(DPRE + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
+    for _ in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
+        next_ok, _ = tile_rows(SEQ_POS, row0 + BLOCK_T, local, T, end, False)
+        next_dpre0 = load_tile(DPRE + (row0 + BLOCK_T).to(tl.int64) * C, local, next_ok, cols, col_ok, C)
         rows = row0 + local
-        row_ok = rows < N
         t = rows % T
         offset = row0.to(tl.int64) * C
-        dx = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for s in tl.static_range(K):
+        dx = dpre0 * tap_row(w, 0, BLOCK_K)[None, :]
+        for s in tl.static_range(1, K):
             ahead_ok = row_ok & (t + s < T)
             pos = positions(SEQ_POS, rows + s, t + s, ahead_ok, HAS_SEQ_POS)
             dpre = load_tile(DPRE + offset, local + s, ahead_ok & (pos >= s), cols, col_ok, C)
             dx += dpre * tap_row(w, s, BLOCK_K)[None, :]
         store_tile(DX + offset, local, row_ok, cols, col_ok, C, dx)
+        row0, row_ok, dpre0 = row0 + BLOCK_T, next_ok, next_dpre0

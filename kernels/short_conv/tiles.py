@@ -29,6 +29,15 @@ def positions(SEQ_POS, rows, t, ok, HAS_SEQ_POS: tl.constexpr):
 
 
 @triton.jit
+def tile_rows(SEQ_POS, row0, local, T, end, HAS_SEQ_POS: tl.constexpr):
+    """(rows ok, positions) of the row tile at row0: rows from ``end`` on (the program's last row + 1, at most
+    N) are not ok."""
+    rows = row0 + local
+    row_ok = rows < end
+    return row_ok, positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
+
+
+@triton.jit
 def weight_tile(W, cols, col_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, X_DTYPE: tl.constexpr):
     """[BLOCK_K, BLOCK_C] fp32: row j the weight of tap j (x[r − j]), rounded to x's dtype as the
     PyTorch path does. Loaded once per program; ``tap_row`` picks a row (loop-invariant, so the compiler

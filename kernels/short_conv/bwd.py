@@ -186,28 +186,22 @@ def short_conv_bwd_dx_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """Backward, second pass: dx[r] = Σ_s w_s · dpre[r + s], tap s used iff r + s is in r's batch row and
-    pos[r + s] ≥ s (the halo: K − 1 rows ahead of the tile). The next tile's dpre rows (tap 0) are loaded
-    before the current tile's sum, as the dpre kernel prefetches."""
+    pos[r + s] ≥ s (the halo: K − 1 rows ahead of the tile)."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     w = weight_tile(W, cols, col_ok, K, BLOCK_K, DX.dtype.element_ty)
     local = tl.arange(0, BLOCK_T)
     first_row = tl.program_id(0) * TILES * BLOCK_T
-    end = tl.minimum(N, first_row + TILES * BLOCK_T)
-    row0 = first_row
-    row_ok, _ = tile_rows(SEQ_POS, row0, local, T, end, False)
-    dpre0 = load_tile(DPRE + row0.to(tl.int64) * C, local, row_ok, cols, col_ok, C)
-    for _ in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
-        next_ok, _ = tile_rows(SEQ_POS, row0 + BLOCK_T, local, T, end, False)
-        next_dpre0 = load_tile(DPRE + (row0 + BLOCK_T).to(tl.int64) * C, local, next_ok, cols, col_ok, C)
+    for tile in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
+        row0 = first_row + tile * BLOCK_T
         rows = row0 + local
+        row_ok = rows < N
         t = rows % T
         offset = row0.to(tl.int64) * C
-        dx = dpre0 * tap_row(w, 0, BLOCK_K)[None, :]
-        for s in tl.static_range(1, K):
+        dx = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for s in tl.static_range(K):
             ahead_ok = row_ok & (t + s < T)
             pos = positions(SEQ_POS, rows + s, t + s, ahead_ok, HAS_SEQ_POS)
             dpre = load_tile(DPRE + offset, local + s, ahead_ok & (pos >= s), cols, col_ok, C)
             dx += dpre * tap_row(w, s, BLOCK_K)[None, :]
         store_tile(DX + offset, local, row_ok, cols, col_ok, C, dx)
-        row0, row_ok, dpre0 = row0 + BLOCK_T, next_ok, next_dpre0

@@ -1,7 +1,7 @@
 """The Triton short causal conv against the PyTorch path of ``ShortCausalConv`` computed in fp64.
 
 CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (8 and 32
-rows, 128 per program, the backward kernels' prefetch past a program's last tile) and channel blocks (64), odd
+rows, 128 per program, the dpre kernel's prefetch past a program's last tile) and channel blocks (64), odd
 and short T, K = 1..8, SiLU on and off, several documents per row with boundaries inside tiles and on tile
 edges, B > 1 (flat rows cross batch rows inside a tile), heads L2-normalised after the conv (groups of 16–64
 channels, an all-zero head), several convs over channel ranges of one input; fp32 inputs at 1e-5,

@@ -115,14 +115,11 @@ class GatedDeltaProduct(nn.Module):
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
         q, k, v = self._project_qkv(x, ctx, cache)  # q and k L2-normalised per head
         q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
-        # The output gate, β and the decay's dt in one GEMM (β and dt have n·H and H outputs). The gate's
-        # H·V columns come first: at column 0 its rows stay 16-byte aligned in the output, so the gated norm's
-        # fused kernels load it (and store its gradient) in whole vectors.
-        gate_linears = [self.g_proj] if c.use_output_gate else []
-        gate_linears += [self.b_proj]
+        # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs)
+        gate_linears = [self.b_proj]
         gate_linears += [self.a_proj] if c.use_forget_gate else []
+        gate_linears += [self.g_proj] if c.use_output_gate else []
         outs = iter(fused_linear(x, *gate_linears))
-        output_gate = next(outs) if c.use_output_gate else None
         beta = torch.sigmoid(next(outs)).reshape(B, T * n, H)
         if c.allow_neg_eigval:
             beta = beta * 2.0
@@ -131,6 +128,7 @@ class GatedDeltaProduct(nn.Module):
             gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over T: ≥ fp32
             dt = F.softplus(next(outs).to(gate_dtype) + self.dt_bias.to(gate_dtype))
             g = -self.A_log.to(gate_dtype).exp() * dt
+        output_gate = next(outs) if c.use_output_gate else None
         if cache is None:
             o, _ = gated_delta_product(
                 q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend

@@ -80,8 +80,8 @@ def short_conv_bwd_dpre_kernel(
 
     The next tile's x and dy are loaded before the current tile's math (software prefetch: the loop's
     loads do not feed a dot, so Triton's pipeliner leaves them in place): twice the bytes in flight per
-    program, which sets this kernel's pace. The shifted x tiles x[r − j], j ≥ 1, reach back into rows
-    already read (cache hits) and load within the iteration."""
+    program for a kernel bound by memory latency (docs/benchmarks.md, "Short causal conv"). The shifted x
+    tiles x[r − j], j ≥ 1, reach back into rows already read (cache hits) and load within the iteration."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     local = tl.arange(0, BLOCK_T)

@@ -115,11 +115,13 @@ class GatedDeltaProduct(nn.Module):
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
         q, k, v = self._project_qkv(x, ctx, cache)  # q and k L2-normalised per head
         q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
-        # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs)
+        # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs); its backward
+        # copies the realised gradients together rather than recomputing the gate's from the gated RMSNorm's
+        # inputs inside inductor's concatenation (components/fused_linear.py)
         gate_linears = [self.b_proj]
         gate_linears += [self.a_proj] if c.use_forget_gate else []
         gate_linears += [self.g_proj] if c.use_output_gate else []
-        outs = iter(fused_linear(x, *gate_linears))
+        outs = iter(fused_linear(x, *gate_linears, opaque_backward=True))
         beta = torch.sigmoid(next(outs)).reshape(B, T * n, H)
         if c.allow_neg_eigval:
             beta = beta * 2.0

@@ -1,9 +1,10 @@
-"""The short conv's backward kernels: ``dpre`` (the pre-activation's gradient and the weight gradient's
-partial sums) and ``dx``.
+"""The short conv's backward kernel: the pre-activation's gradient dpre, from it dx and the weight
+gradient's partial sums, in one pass over x and dy.
 
-A single fused backward would have to recompute the pre-activation at each of the K rows ahead (K² products
-and K sigmoids per element), which makes it instruction-bound far above its memory time on an H100; the round
-trip of dpre costs 4 bytes per element instead.
+dx[r] needs dpre at the K − 1 rows after r. Recomputing the pre-activation there (K² products and K sigmoids
+per element) would make the kernel instruction-bound far above its memory time on an H100, and a separate dx
+pass costs a round trip of dpre through HBM (4 bytes per element); the kernel keeps each program's recent
+dpre tiles in a small ring in global memory instead, which L2 holds.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from titan_delta_kernels.short_conv.tiles import (
     row_norm,
     shifted_x,
     store_tile,
-    tap_row,
     tap_weight,
     tile_rows,
-    weight_tile,
 )
 
 
@@ -62,15 +61,38 @@ def _tile_loads(X, DY, SEQ_POS, row0, local, cols, col_ok, T, C, end, X_STRIDE, 
 
 
 @triton.jit
-def short_conv_bwd_dpre_kernel(
-    X, W, SEQ_POS, DY, DPRE, DW_PARTIAL, T, C, N, X_STRIDE,
+def _ring_tap(RING, ring_rows, cols_local, SEQ_POS, rows, row_ok, T, s: tl.constexpr,
+              HAS_SEQ_POS: tl.constexpr, RING_ROWS: tl.constexpr):  # fmt: skip
+    """dpre[r + s] over the tile's rows r (``ring_rows``: their rows in the ring), read back from the ring
+    (fp32), zero where tap s is not used: r + s outside r's batch row, or pos[r + s] < s. Read through L2
+    (``.cg``): the ring's rows were written by other threads of the program since L1 last saw them."""
+    t = rows % T
+    ahead_ok = row_ok & (t + s < T)
+    pos = positions(SEQ_POS, rows + s, t + s, ahead_ok, HAS_SEQ_POS)
+    ring_rows = (ring_rows + s) & (RING_ROWS - 1)
+    mask = (ahead_ok & (pos >= s))[:, None]
+    ptrs = RING + ring_rows[:, None] * cols_local.shape[0] + cols_local[None, :]
+    tile = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    return tile.to(tl.float32)
+
+
+@triton.jit
+def short_conv_bwd_kernel(
+    X, W, SEQ_POS, DY, DX, RING, DW_PARTIAL, T, C, N, X_STRIDE,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr, NORM: tl.constexpr,
-    WRITE_DPRE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
-    """Backward, first pass: dpre (``_output_to_pre`` of dy, pre recomputed from x; dy itself without
-    ACTIVATION and NORM), stored in x's dtype with WRITE_DPRE (else the caller uses dy as dpre), and
-    DW_PARTIAL[program, :, K−1−j] = Σ_r x[r − j] · dpre[r] (fp32 dpre) over the program's TILES row tiles.
-    x and dpre have rows X_STRIDE apart (C channels of wider tensors), dy is contiguous [N, C].
+    """The backward of one segment: dx[r] = Σ_s w_s · dpre[r + s] and DW_PARTIAL[program, :, K−1−j] =
+    Σ_r x[r − j] · dpre[r] over the program's TILES row tiles, where dpre is ``_output_to_pre`` of dy with pre
+    recomputed from x (dy itself without ACTIVATION and NORM). x and dx have rows X_STRIDE apart (C channels
+    of wider tensors), dy is contiguous [N, C].
+
+    dx[r] needs dpre up to K − 1 rows ahead, which a tile of registers cannot shift. Each tile's dpre,
+    rounded to x's dtype (the rounding autograd's SiLU backward applies), goes to the program's ring in RING
+    ([programs, 4 · BLOCK_T, BLOCK_C]: four tiles, so one barrier per tile orders its writes before the
+    reads of the tile before it, and those reads before the slot is written again); the tile before it then
+    takes its dx from there. The ring stays in L2, so dpre costs no HBM round trip. The program ends with
+    the next program's first tile (the halo), whose dpre only serves the last tile's dx.
 
     Taps are unrolled up to 8 (``conv.MAX_KERNEL_SIZE``) as named values: each tap's weights are loaded once
     per program, and each shifted x tile once per tile, serving both the recomputed pre and the tap's weight
@@ -82,10 +104,15 @@ def short_conv_bwd_dpre_kernel(
     loads do not feed a dot, so Triton's pipeliner leaves them in place): twice the bytes in flight per
     program for a kernel bound by memory latency (docs/benchmarks.md, "Short causal conv"). The shifted x
     tiles x[r − j], j ≥ 1, reach back into rows already read (cache hits) and load within the iteration."""
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tl.static_assert(K - 1 <= BLOCK_T, "the halo of dx must lie within the next tile")
+    RING_ROWS: tl.constexpr = 4 * BLOCK_T
+    cols_local = tl.arange(0, BLOCK_C)
+    cols = tl.program_id(1) * BLOCK_C + cols_local
     col_ok = cols < C
     local = tl.arange(0, BLOCK_T)
     dtype: tl.constexpr = X.dtype.element_ty
+    program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    ring = RING + program.to(tl.int64) * RING_ROWS * BLOCK_C
     w0 = tap_weight(W, cols, col_ok, K, 0, dtype)
     if K > 1:
         w1 = tap_weight(W, cols, col_ok, K, 1, dtype)
@@ -110,11 +137,12 @@ def short_conv_bwd_dpre_kernel(
     acc6 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     acc7 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     first_row = tl.program_id(0) * TILES * BLOCK_T
-    end = tl.minimum(N, first_row + TILES * BLOCK_T)
+    own_tiles = tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))
+    end = tl.minimum(N, first_row + (TILES + 1) * BLOCK_T)  # the halo tile's rows included
     row0 = first_row
     row_ok, pos, x0, dy = _tile_loads(X, DY, SEQ_POS, row0, local, cols, col_ok, T, C, end, X_STRIDE,
                                       HAS_SEQ_POS)  # fmt: skip
-    for _ in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
+    for i in range(own_tiles + 1):
         next_ok, next_pos, next_x0, next_dy = _tile_loads(X, DY, SEQ_POS, row0 + BLOCK_T, local, cols, col_ok,
                                                           T, C, end, X_STRIDE, HAS_SEQ_POS)  # fmt: skip
         xs = X + row0.to(tl.int64) * X_STRIDE
@@ -143,23 +171,46 @@ def short_conv_bwd_dpre_kernel(
         dpre = dy
         if ACTIVATION or NORM:
             dpre = _output_to_pre(dpre, pre, ACTIVATION, NORM)
-        if WRITE_DPRE:
-            store_tile(DPRE + row0.to(tl.int64) * X_STRIDE, local, row_ok, cols, col_ok, X_STRIDE, dpre)
-        acc0 += x0 * dpre
-        if K > 1:
-            acc1 += x1 * dpre
-        if K > 2:
-            acc2 += x2 * dpre
-        if K > 3:
-            acc3 += x3 * dpre
-        if K > 4:
-            acc4 += x4 * dpre
-        if K > 5:
-            acc5 += x5 * dpre
-        if K > 6:
-            acc6 += x6 * dpre
-        if K > 7:
-            acc7 += x7 * dpre
+        ring_rows = (i * BLOCK_T + local) & (RING_ROWS - 1)
+        tl.store(ring + ring_rows[:, None] * BLOCK_C + cols_local[None, :], dpre.to(dtype))
+        if i < own_tiles:
+            acc0 += x0 * dpre
+            if K > 1:
+                acc1 += x1 * dpre
+            if K > 2:
+                acc2 += x2 * dpre
+            if K > 3:
+                acc3 += x3 * dpre
+            if K > 4:
+                acc4 += x4 * dpre
+            if K > 5:
+                acc5 += x5 * dpre
+            if K > 6:
+                acc6 += x6 * dpre
+            if K > 7:
+                acc7 += x7 * dpre
+        tl.debug_barrier()
+        if i > 0:
+            prev = row0 - BLOCK_T
+            rows = prev + local
+            ok = rows < N
+            slot = (i - 1) * BLOCK_T + local
+            dx = _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 0, HAS_SEQ_POS, RING_ROWS) * w0
+            if K > 1:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 1, HAS_SEQ_POS, RING_ROWS) * w1
+            if K > 2:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 2, HAS_SEQ_POS, RING_ROWS) * w2
+            if K > 3:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 3, HAS_SEQ_POS, RING_ROWS) * w3
+            if K > 4:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 4, HAS_SEQ_POS, RING_ROWS) * w4
+            if K > 5:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 5, HAS_SEQ_POS, RING_ROWS) * w5
+            if K > 6:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 6, HAS_SEQ_POS, RING_ROWS) * w6
+            if K > 7:
+                dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 7, HAS_SEQ_POS, RING_ROWS) * w7
+            store_tile(DX + prev.to(tl.int64) * X_STRIDE, local, ok, cols, col_ok, X_STRIDE, dx)
         row0, row_ok, pos, x0, dy = row0 + BLOCK_T, next_ok, next_pos, next_x0, next_dy
     dw_row = DW_PARTIAL + tl.program_id(0).to(tl.int64) * C * K
     _store_dw(dw_row, cols, col_ok, K, acc0, 0)
@@ -177,31 +228,3 @@ def short_conv_bwd_dpre_kernel(
         _store_dw(dw_row, cols, col_ok, K, acc6, 6)
     if K > 7:
         _store_dw(dw_row, cols, col_ok, K, acc7, 7)
-
-
-@triton.jit
-def short_conv_bwd_dx_kernel(
-    DPRE, W, SEQ_POS, DX, T, C, N,
-    K: tl.constexpr, HAS_SEQ_POS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
-):  # fmt: skip
-    """Backward, second pass: dx[r] = Σ_s w_s · dpre[r + s], tap s used iff r + s is in r's batch row and
-    pos[r + s] ≥ s (the halo: K − 1 rows ahead of the tile)."""
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    w = weight_tile(W, cols, col_ok, K, BLOCK_K, DX.dtype.element_ty)
-    local = tl.arange(0, BLOCK_T)
-    first_row = tl.program_id(0) * TILES * BLOCK_T
-    for tile in range(tl.minimum(TILES, tl.cdiv(N - first_row, BLOCK_T))):
-        row0 = first_row + tile * BLOCK_T
-        rows = row0 + local
-        row_ok = rows < N
-        t = rows % T
-        offset = row0.to(tl.int64) * C
-        dx = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for s in tl.static_range(K):
-            ahead_ok = row_ok & (t + s < T)
-            pos = positions(SEQ_POS, rows + s, t + s, ahead_ok, HAS_SEQ_POS)
-            dpre = load_tile(DPRE + offset, local + s, ahead_ok & (pos >= s), cols, col_ok, C)
-            dx += dpre * tap_row(w, s, BLOCK_K)[None, :]
-        store_tile(DX + offset, local, row_ok, cols, col_ok, C, dx)

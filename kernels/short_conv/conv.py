@@ -11,11 +11,11 @@ runs once over all channels.
 
 Forward (fwd.py): one kernel per segment, y only (no activation is saved beyond the op's inputs), optionally
 L2-normalised per group of channels (a head's query or key), which saves the model a normalisation pass
-over the activations each way. Backward (bwd.py): ``dpre`` per segment recomputes the pre-activation from
-x, writes the pre-activation's gradient in x's dtype (the rounding autograd's SiLU backward applies too)
-into one buffer laid out like x, and dw as one fp32 partial sum per (program, channel, tap), summed over
-programs afterwards (deterministic, no atomics); one ``dx`` pass then sums w_s · dpre[r + s] over every
-channel. Each kernel has its own tiling (``Tiling``); layout and tap masks are described in tiles.py.
+over the activations each way. Backward (bwd.py): one kernel per segment recomputes the pre-activation from
+x, takes its gradient dpre, and from it dx (through a small per-program ring that stays in L2, so dpre
+never goes to HBM) and dw as one fp32 partial sum per (program, channel, tap), summed over programs
+afterwards (deterministic, no atomics). Each kernel has its own tiling (``Tiling``); layout and tap masks
+are described in tiles.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from titan_delta_kernels._checks import check_same_device, check_tensor
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.short_conv.bwd import short_conv_bwd_dpre_kernel, short_conv_bwd_dx_kernel
+from titan_delta_kernels.short_conv.bwd import short_conv_bwd_kernel
 from titan_delta_kernels.short_conv.fwd import short_conv_fwd_kernel
 
 Tensor = torch.Tensor
@@ -49,16 +49,16 @@ class Tiling:
     num_warps: int
 
 
-# Forward and dx: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The dpre kernel
-# holds K weight-gradient accumulators, K shifted x tiles and the next tile's loads besides its tiles: 8 × 64
-# tiles (4 values per thread), 16 per program, were the fastest of the tilings timed with the prefetch
-# (docs/benchmarks.md, "Short causal conv").
+# Forward: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The backward holds K
+# weight-gradient accumulators, K shifted x tiles and the next tile's loads besides its tiles: 16 × 64 tiles
+# on 2 warps, 32 per program; with normalisation 8 × 128 on 2 warps, 16 per program (the fastest of the
+# tilings timed at the 340M shapes, docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
-DPRE_TILING = Tiling(rows=8, channels=64, tiles=16, num_warps=4)
-DX_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
+BACKWARD_TILING = Tiling(rows=16, channels=64, tiles=32, num_warps=2)
+NORMALIZED_BACKWARD_TILING = Tiling(rows=8, channels=128, tiles=16, num_warps=2)
+RING_TILES = 4  # bwd.py's ring of dpre tiles per program
 # With normalisation a tile spans one group (a head) to take its norm, with the values per tile of the tiling
-# it replaces: forward 16 × 128 and dpre 8 × 128 for 128-wide heads, the fastest or within noise of the
-# fastest of 8, 16 and 32 rows on 4 or 8 warps (docs/benchmarks.md, "Short causal conv").
+# it derives from: forward 16 × 128 for 128-wide heads (docs/benchmarks.md, "Short causal conv").
 
 
 def normalized_tiling(tiling: Tiling, l2_group: int) -> Tiling:
@@ -69,6 +69,11 @@ def normalized_tiling(tiling: Tiling, l2_group: int) -> Tiling:
     rows = max(8, tiling.rows * tiling.channels // l2_group)
     tiles = max(1, tiling.rows * tiling.tiles // rows)
     return Tiling(rows=rows, channels=l2_group, tiles=tiles, num_warps=tiling.num_warps)
+
+
+def backward_tiling(l2_group: int) -> Tiling:
+    """The backward kernel's tiling for a segment normalised per ``l2_group`` channels (0: not)."""
+    return normalized_tiling(NORMALIZED_BACKWARD_TILING, l2_group) if l2_group else BACKWARD_TILING
 
 
 def _constexprs(K: int, seq_pos: Tensor | None, tiling: Tiling, weight_tile: bool = True) -> dict:
@@ -142,23 +147,20 @@ def short_conv_bwd(
     if dx.numel() == 0:
         return [dx, *(weight.new_zeros(weight.shape) for weight in weights)]
     x, seq_pos_or_x = x.contiguous(), _seq_pos_or(x, seq_pos)
-    # one segment without activation and normalisation: the pre-activation's gradient is dy itself
-    dpre_is_dy = len(weights) == 1 and not activation and not l2_groups[0]
-    dpre = dys[0].contiguous() if dpre_is_dy else _empty(x.shape, x, x.dtype)
     segments = _segments(weights, l2_groups)
+    tilings = [backward_tiling(l2_group) for _, _, l2_group in segments]
+    grids = [_grid(B * T, w.shape[0], tiling) for (_, w, _), tiling in zip(segments, tilings, strict=True)]
+    ring_size = max(rows * cols * RING_TILES * t.rows * t.channels
+                    for (rows, cols), t in zip(grids, tilings, strict=True))
+    ring = torch.empty(ring_size, device=x.device, dtype=x.dtype)  # every element written before it is read
     dws = []
-    for (offset, weight, l2_group), dy in zip(segments, dys, strict=True):
+    for (offset, weight, l2_group), dy, tiling, grid in zip(segments, dys, tilings, grids, strict=True):
         C = weight.shape[0]
-        tiling = normalized_tiling(DPRE_TILING, l2_group)
-        grid = _grid(B * T, C, tiling)
         partial = _empty((grid[0], C, K), x, torch.float32)
-        launch(short_conv_bwd_dpre_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
-               dpre[..., offset:], partial, T, C, B * T, width, ACTIVATION=activation, NORM=bool(l2_group),
-               WRITE_DPRE=not dpre_is_dy, **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
+        launch(short_conv_bwd_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
+               dx[..., offset:], ring, partial, T, C, B * T, width, ACTIVATION=activation,
+               NORM=bool(l2_group), **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
         dws.append(partial.sum(0).view(weight.shape).to(weight.dtype))
-    all_taps = segments[0][1] if len(segments) == 1 else torch.cat([w for _, w, _ in segments])
-    launch(short_conv_bwd_dx_kernel, _grid(B * T, width, DX_TILING), dpre, all_taps, seq_pos_or_x, dx, T,
-           width, B * T, **_constexprs(K, seq_pos, DX_TILING))  # fmt: skip
     return [dx, *dws]
 
 

@@ -73,7 +73,7 @@ def test_components_split_kernel_time_by_model_part(tmp_path: Path) -> None:
         launched("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", 60 * ms,
                  8 * ms, 7),
         launched("sm90_xmma_fprop_implicit_gemm_conv1d", 68 * ms, 2 * ms, 8),
-        launched("short_conv_bwd_dpre_kernel", 71 * ms, 3 * ms, 10),  # the project's conv is not the mixer op
+        launched("short_conv_bwd_kernel", 71 * ms, 3 * ms, 10),  # the project's conv is not the mixer op
         # cuDNN SDPA backward helpers belong to attention, not to the conv or "other"
         launched("void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*)", 70 * ms, 1 * ms, 9),
     ]

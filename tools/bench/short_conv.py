@@ -17,8 +17,9 @@ PyTorch path then ends with ``l2_normalize_groups`` and the table adds (c) the T
 normalisation compiled on its own (the model's path before the normalisation was fused into the op).
 
 ``--ops`` times the Triton op's two custom ops called directly (``short_conv_fwd``; ``short_conv_bwd``: the
-dpre and dx kernels and the dw partial sum), without autograd and the module, whose host work hides the
-kernels at small shapes. Run it under an older checkout's PYTHONPATH to compare kernels on one GPU.
+backward kernel per segment and the dw partial sums' reduction), without autograd and the module, whose host
+work hides the kernels at small shapes. Run it under an older checkout's PYTHONPATH to compare kernels on one
+GPU.
 
 ``--split C:G,C:G,... --dim D`` times a mixer's input side, x [B, T, D] bf16 -> convolved q, k, v, forward
 and forward+backward through autograd (gradients of x, the projections' and the convs' weights): (a) one
@@ -123,14 +124,21 @@ def table(shapes: str, K: int, documents: int, activation: bool, l2_group: int) 
         torch.cuda.empty_cache()
 
 
+def _backward_tiling(conv, l2_group: int):
+    """The backward tiling of the kernels on the path (older trees named it after their dpre kernel)."""
+    if hasattr(conv, "backward_tiling"):
+        return conv.backward_tiling(l2_group)
+    return getattr(conv, "DPRE_TILING", "shared with the other kernels")
+
+
 def ops_table(shapes: str, K: int, documents: int, activation: bool, l2_group: int) -> None:
     import triton
 
     from titan_delta_kernels.short_conv import conv
 
     print(
-        f"\n# {torch.cuda.get_device_name(0)}, triton {triton.__version__}, dpre tiling "
-        f"{getattr(conv, 'DPRE_TILING', 'shared with the other kernels')}, bf16 x, fp32 weight, K = {K}, "
+        f"\n# {torch.cuda.get_device_name(0)}, triton {triton.__version__}, backward tiling "
+        f"{_backward_tiling(conv, l2_group)}, bf16 x, fp32 weight, K = {K}, "
         f"{documents} documents per row, SiLU {activation}, L2 groups of {l2_group or 'none'}"
     )
     # kernels from before the normalisation was an argument take none; before the split op, no lists

@@ -83,7 +83,7 @@ def check(B, T, C, K, activation, seq_pos, dtype=torch.float32, tol=1e-5, device
         (2, 37, 20, 8, True, [[7, 1, 8, 21], [20, 17]]),  # the widest filter
         (2, 9, 10, 2, True, None),  # each width has its own weight-gradient accumulators
         (1, 40, 24, 6, True, [[3, 37]]),
-        (1, 300, 16, 4, True, [[100, 156, 44]]),  # three 128-row programs (dw partials), the last short
+        (1, 300, 16, 4, True, [[100, 156, 44]]),  # three 128-row forward programs, the last short
     ],
 )
 def test_matches_reference_fp32(B, T, C, K, activation, documents):
@@ -103,6 +103,28 @@ def test_matches_reference_fp32(B, T, C, K, activation, documents):
 def test_l2_normalised_heads_match_reference(B, T, C, K, activation, documents, l2_group):
     seq_pos = None if documents is None else positions(documents)
     check(B, T, C, K, activation, seq_pos, l2_group=l2_group)
+
+
+@pytest.mark.parametrize(
+    ("tiling", "K", "l2_group", "documents"),
+    [
+        ((8, 16, 2, 2), 4, 0, [[16, 16, 1, 31, 2], [32, 3, 29, 2]]),  # starts on tile and program edges
+        ((4, 16, 3, 1), 5, 0, [[7, 1, 8, 21, 29], [20, 46]]),  # the halo spans the whole next tile
+        ((8, 16, 1, 2), 8, 0, None),  # one tile per program: every tile's dx reads the next program's
+        ((8, 16, 2, 2), 4, 16, [[16, 17, 33], [66]]),  # normalised heads
+        ((4, 16, 2, 1), 3, 8, [[5, 60, 1], [66]]),
+    ],
+)
+def test_backward_across_program_edges(monkeypatch, tiling, K, l2_group, documents):
+    """The backward with small tilings, so that rows span many programs: each program's last tile takes its
+    dx from the next program's first rows (the halo it recomputes), dpre round trips through the ring, and
+    dw sums the partials of many programs. B = 2, T = 66: the second batch row starts inside a program."""
+    rows, channels, tiles, warps = tiling
+    small = conv_ops.Tiling(rows=rows, channels=channels, tiles=tiles, num_warps=warps)
+    monkeypatch.setattr(conv_ops, "BACKWARD_TILING", small)
+    monkeypatch.setattr(conv_ops, "NORMALIZED_BACKWARD_TILING", small)
+    seq_pos = None if documents is None else positions(documents)
+    check(2, 66, 48, K, True, seq_pos, l2_group=l2_group)
 
 
 def test_l2_normalised_zero_head():
@@ -183,7 +205,7 @@ def test_rejects_unsupported_arguments():
     ("widths", "l2_groups", "K", "activation", "documents"),
     [
         ([32, 64, 100], [16, 32, 0], 4, True, [[3, 64, 3], [70]]),  # q, k, v: normalised heads, then not
-        ([24, 40], [0, 0], 3, False, None),  # no activation or normalisation: dpre is dy, still written
+        ([24, 40], [0, 0], 3, False, None),  # no activation or normalisation: dpre is dy
         ([8, 8, 8, 8], [8, 0, 8, 0], 8, True, [[31, 39], [70]]),  # segments narrower than a channel block
     ],
 )

@@ -6,8 +6,9 @@ import math
 import random
 
 import pytest
+import torch
 
-from titan_delta.trainer.nonfinite import NonFinitePolicy, NonFiniteTrainingError
+from titan_delta.trainer.nonfinite import NonFinitePolicy, NonFiniteTrainingError, arm_device_side_skip
 
 
 def test_skips_up_to_the_limit_then_stops_naming_the_step() -> None:
@@ -33,3 +34,49 @@ def test_state_round_trip_and_validation() -> None:
     assert restored.skipped_steps == 1
     with pytest.raises(ValueError, match=r"\[nan_policy\] max_skipped_steps = -1"):
         NonFinitePolicy(-1)
+
+
+def _adamw(fused: bool) -> tuple[torch.nn.Parameter, torch.optim.AdamW]:
+    param = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 6))
+    return param, torch.optim.AdamW([param], lr=0.1, weight_decay=0.1, fused=fused)
+
+
+def _state(param, opt) -> list[torch.Tensor]:
+    state = opt.state[param]
+    return [t.detach().clone() for t in (param, state["exp_avg"], state["exp_avg_sq"], state["step"])]
+
+
+def test_fused_adamw_skips_a_non_finite_step_on_the_device() -> None:
+    """Armed with a NaN/Inf norm, the fused step changes nothing (parameters, moments, step count); armed
+    with a finite norm it is exactly the unarmed optimizer's step."""
+    param, opt = _adamw(fused=True)
+    twin, plain = _adamw(fused=True)
+    for p in (param, twin):
+        p.grad = torch.arange(6.0) - 2.0
+    assert arm_device_side_skip([opt], param.grad.norm())
+    opt.step()
+    plain.step()
+    before = _state(param, opt)
+    for value in (math.nan, math.inf):
+        param.grad = torch.full((6,), value)
+        assert arm_device_side_skip([opt], param.grad.norm())
+        opt.step()
+        for got, want in zip(_state(param, opt), before, strict=True):
+            assert torch.equal(got, want)
+    for p in (param, twin):
+        p.grad = torch.linspace(0.5, -0.5, 6)
+    assert arm_device_side_skip([opt], param.grad.norm())
+    opt.step()
+    plain.step()
+    for got, want in zip(_state(param, opt), _state(twin, plain), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_only_fused_adam_is_armed() -> None:
+    _, opt = _adamw(fused=False)
+    assert not arm_device_side_skip([opt], torch.tensor(math.nan))
+    assert not hasattr(opt, "found_inf")
+    _, fused = _adamw(fused=True)
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert not arm_device_side_skip([fused, sgd], torch.tensor(1.0))
+    assert not arm_device_side_skip([], torch.tensor(1.0))

@@ -4,13 +4,32 @@ The decision uses the *global* gradient norm (already reduced over every data-pa
 ranks skip or stop together without an extra collective. A NaN/Inf loss on any rank makes that rank's
 gradients, and so the global norm, non-finite. A skipped step still consumes its batch and advances
 the LR schedule: the run stays aligned with its step count and its data order.
+
+Fused Adam/AdamW take the skip on the device (``arm_device_side_skip``): the update is queued before the
+host reads the norm, so the GPU runs the optimizer while the host waits for the norm and goes on to the next
+step, instead of idling while the host launches the optimizer after the read.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 from torchtitan.tools.logging import logger
+
+
+def arm_device_side_skip(optimizers: list[torch.optim.Optimizer], grad_norm: torch.Tensor) -> bool:
+    """True when every optimizer is a fused Adam/AdamW, having set each one's ``found_inf`` to 1.0 where
+    ``grad_norm`` is not finite: their next ``step()`` then leaves parameters, moments and step counts as
+    they are (the mechanism torch's GradScaler uses). False, and nothing set, otherwise."""
+    adam = (torch.optim.Adam, torch.optim.AdamW)
+    fused = all(isinstance(opt, adam) and all(g.get("fused") for g in opt.param_groups) for opt in optimizers)
+    if not fused or not optimizers:
+        return False
+    found_inf = torch.isfinite(grad_norm.detach()).logical_not().to(torch.float32).reshape(())
+    for opt in optimizers:
+        opt.found_inf = found_inf
+    return True
 
 
 class NonFiniteTrainingError(RuntimeError):

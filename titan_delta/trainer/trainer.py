@@ -34,7 +34,7 @@ from titan_delta.hf.export_folder import model_args_dict
 from titan_delta.trainer.checkpoint import MarkedCheckpointManager
 from titan_delta.trainer.config_checks import ConfigError
 from titan_delta.trainer.model_overrides import resolve_job_model_args
-from titan_delta.trainer.nonfinite import NonFinitePolicy
+from titan_delta.trainer.nonfinite import NonFinitePolicy, arm_device_side_skip
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
@@ -134,13 +134,16 @@ class TitanDeltaTrainer(Trainer):
             self.job_config.training.max_norm,
             foreach=True,
         )
-        grad_norm_value = grad_norm.item()  # one host sync per step: the skip decision needs it
+        self.checkpointer.maybe_wait_for_staging()  # an async save's staging copy precedes the update
+        stepped = arm_device_side_skip(self.optimizers.optimizers, grad_norm)
+        if stepped:  # queued ahead of the host sync below; skipped on the device if the norm is not finite
+            self.optimizers.step()
+        grad_norm_value = grad_norm.item()  # one host sync per step: the skip policy needs it
         loss = torch.sum(torch.stack(losses))
-        self.checkpointer.maybe_wait_for_staging()
         local_loss = None if math.isfinite(grad_norm_value) else loss.item()
         if self.nonfinite.should_skip(self.step, grad_norm_value, local_loss):
             self.optimizers.zero_grad()
-        else:
+        elif not stepped:
             self.optimizers.step()
         self.lr_schedulers.step()
 

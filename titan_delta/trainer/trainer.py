@@ -104,8 +104,16 @@ class TitanDeltaTrainer(Trainer):
             },
         )
 
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the training device. To a GPU through pinned memory and without blocking: a copy
+        from pageable memory first waits for every kernel queued on the stream, which would leave the GPU
+        idle while the host launches the next kernels."""
+        if self.device.type == "cuda" and tensor.device.type == "cpu":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
     def _global_valid_tokens(self, local_valid_tokens: torch.Tensor) -> torch.Tensor | float:
-        local_valid_tokens = local_valid_tokens.to(self.device)
+        local_valid_tokens = self._to_device(local_valid_tokens)
         if self.parallel_dims.dp_enabled:
             return dist_utils.dist_sum(local_valid_tokens, self.parallel_dims.get_mesh("batch"))
         return local_valid_tokens.float()
@@ -122,10 +130,10 @@ class TitanDeltaTrainer(Trainer):
         losses = []
         for input_dict, labels in microbatches:
             on_device = {
-                k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()
+                k: self._to_device(v) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()
             }
             loss = self.forward_backward_step(
-                input_dict=on_device, labels=labels.to(self.device), global_valid_tokens=global_valid_tokens
+                input_dict=on_device, labels=self._to_device(labels), global_valid_tokens=global_valid_tokens
             )
             losses.append(loss.detach())
 

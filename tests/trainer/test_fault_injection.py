@@ -9,6 +9,7 @@ import re
 import time
 
 import pytest
+import torch.distributed.checkpoint as dcp
 
 from tests.trainer.helpers import STEPS_LONG, checkpointed_fsdp_args, scalars, train, train_until
 from titan_delta.trainer.checkpoint import list_checkpoint_dirs
@@ -54,13 +55,9 @@ def _lines(output: str, text: str) -> dict[int, str]:
     return found
 
 
-@pytest.mark.parametrize("implementation", ["foreach", "fused"])
-def test_nan_on_one_rank_is_skipped_on_every_rank(tmp_path, implementation) -> None:
-    """The foreach optimizer is skipped by the host after it reads the norm; the fused one on the device
-    (``arm_device_side_skip``), its update queued before the read. Either way step 3's loss is finite: no
-    NaN reached the weights or the moments."""
+def test_nan_on_one_rank_is_skipped_on_every_rank(tmp_path) -> None:
     dump = tmp_path / "nan_skip"
-    args = [*SHORT_RUN, "--training.steps", "4", "--optimizer.implementation", implementation]
+    args = [*SHORT_RUN, "--training.steps", "4"]
     output = train(dump, args, nproc=2, fault={"kind": "nan_loss", "rank": 1, "step": 2})
     skipped = _lines(output, "step 2: gradient norm is nan")
     assert sorted(skipped) == [0, 1] and all("skipping this update" in line for line in skipped.values())
@@ -69,9 +66,41 @@ def test_nan_on_one_rank_is_skipped_on_every_rank(tmp_path, implementation) -> N
     assert math.isnan(losses[2]) and all(math.isfinite(losses[s]) for s in (1, 3, 4)), losses
 
 
-def test_nan_over_the_limit_stops_every_rank(tmp_path) -> None:
+# The fused optimizer skips the update on the device and the host reads the norm a step late: with
+# log_freq 2, step 3's norm is read during step 4, after step 4's forward and backward are queued.
+FUSED_UNLOGGED = ["--optimizer.implementation", "fused", "--metrics.log_freq", "2"]
+
+
+def test_nan_skipped_on_the_device_is_counted_a_step_later(tmp_path) -> None:
+    dump = tmp_path / "nan_skip_fused"
+    args = [*SHORT_RUN, *FUSED_UNLOGGED, "--training.steps", "4"]
+    output = train(dump, args, nproc=2, fault={"kind": "nan_loss", "rank": 1, "step": 3})
+    skipped = _lines(output, "step 3: gradient norm is nan")
+    assert sorted(skipped) == [0, 1] and all("skipping this update" in line for line in skipped.values())
+    assert scalars(dump, "skipped_steps") == {1: 0, 2: 0, 4: 1}  # step 1 is always logged
+    losses = scalars(dump, LOSS)
+    assert sorted(losses) == [1, 2, 4] and all(math.isfinite(v) for v in losses.values()), losses
+
+
+def test_a_checkpoint_counts_a_skip_not_yet_read(tmp_path) -> None:
+    """Step 2's norm is NaN and not logged; the step-2 checkpoint reads it before saving, so the saved
+    count of skipped steps is 1."""
+    dump = tmp_path / "nan_checkpoint"
+    args = ["--training.local_batch_size", "2", *FUSED_UNLOGGED, "--metrics.log_freq", "3",
+            "--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "2"]  # fmt: skip
+    train(dump, args, fault={"kind": "nan_loss", "rank": 0, "step": 2})
+    state = {"train_state": {"skipped_steps": -1}}
+    dcp.load(state, checkpoint_id=str(dump / "checkpoint" / "step-2"), no_dist=True)
+    assert state["train_state"]["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_nan_over_the_limit_stops_every_rank(tmp_path, fused) -> None:
+    """Over the limit the run stops before another update: at once with the foreach optimizer, during
+    step 4 (before its update is queued) with the fused one."""
     dump = tmp_path / "nan_stop"
-    args = [*SHORT_RUN, "--training.steps", "4", "--nan_policy.max_skipped_steps", "0"]
+    args = [*SHORT_RUN, *(FUSED_UNLOGGED if fused else []), "--training.steps", "4",
+            "--nan_policy.max_skipped_steps", "0"]  # fmt: skip
     output = train(dump, args, nproc=2, expect_rc=None, fault={"kind": "nan_loss", "rank": 0, "step": 3})
     stopped = _lines(output, "Training stopped: step 3: gradient norm is nan")
     assert sorted(stopped) == [0, 1], output[-4000:]

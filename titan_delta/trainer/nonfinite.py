@@ -5,9 +5,11 @@ ranks skip or stop together without an extra collective. A NaN/Inf loss on any r
 gradients, and so the global norm, non-finite. A skipped step still consumes its batch and advances
 the LR schedule: the run stays aligned with its step count and its data order.
 
-Fused Adam/AdamW take the skip on the device (``arm_device_side_skip``): the update is queued before the
-host reads the norm, so the GPU runs the optimizer while the host waits for the norm and goes on to the next
-step, instead of idling while the host launches the optimizer after the read.
+Fused Adam/AdamW take the skip on the device (``arm_device_side_skip``), so the host need not read the norm
+before it queues the update. It reads it one step late (``PendingGradNorm``: a pinned copy behind an event,
+read after the next step's forward and backward are queued), and at once on logging steps, the last step
+and checkpoints. The GPU never waits for the host between steps; a step over the limit stops the run before
+the next update is queued.
 """
 
 from __future__ import annotations
@@ -69,3 +71,26 @@ class NonFinitePolicy:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+
+class PendingGradNorm:
+    """A step's global gradient norm (and loss) on their way to the host: the norm is copied into pinned
+    memory behind a CUDA event, so reading it waits only for the kernels queued before it, not for the
+    next step's."""
+
+    def __init__(self, step: int, grad_norm: torch.Tensor, loss: torch.Tensor) -> None:
+        self.step, self.loss = step, loss.detach()
+        norm = grad_norm.detach().reshape(())
+        self.event = None
+        if norm.is_cuda:
+            self.host = torch.empty((), dtype=norm.dtype, pin_memory=True)
+            self.host.copy_(norm, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = norm.cpu()
+
+    def value(self) -> float:
+        if self.event is not None:
+            self.event.synchronize()
+        return float(self.host)

@@ -34,7 +34,7 @@ from titan_delta.hf.export_folder import model_args_dict
 from titan_delta.trainer.checkpoint import MarkedCheckpointManager
 from titan_delta.trainer.config_checks import ConfigError
 from titan_delta.trainer.model_overrides import resolve_job_model_args
-from titan_delta.trainer.nonfinite import NonFinitePolicy, arm_device_side_skip
+from titan_delta.trainer.nonfinite import NonFinitePolicy, PendingGradNorm, arm_device_side_skip
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
@@ -69,6 +69,7 @@ class TitanDeltaTrainer(Trainer):
             int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None,
         )
         self.nonfinite = NonFinitePolicy(job_config.nan_policy.max_skipped_steps)
+        self._pending_grad_norm: PendingGradNorm | None = None
         spec = train_spec_module.get_train_spec(job_config.model.name)
         # Built afresh from the registry's flavor (never the spec's entry, which an earlier trainer in
         # this process may have changed), then handed to torchtitan in the spec's table.
@@ -137,31 +138,46 @@ class TitanDeltaTrainer(Trainer):
             )
             losses.append(loss.detach())
 
+        self.settle_grad_norm()  # the previous step's, read while this step's kernels run
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
             self.job_config.training.max_norm,
             foreach=True,
         )
         self.checkpointer.maybe_wait_for_staging()  # an async save's staging copy precedes the update
-        stepped = arm_device_side_skip(self.optimizers.optimizers, grad_norm)
-        if stepped:  # queued ahead of the host sync below; skipped on the device if the norm is not finite
-            self.optimizers.step()
-        grad_norm_value = grad_norm.item()  # one host sync per step: the skip policy needs it
         loss = torch.sum(torch.stack(losses))
-        local_loss = None if math.isfinite(grad_norm_value) else loss.item()
-        if self.nonfinite.should_skip(self.step, grad_norm_value, local_loss):
-            self.optimizers.zero_grad()
-        elif not stepped:
-            self.optimizers.step()
+        last_step = self.step == self.job_config.training.steps
+        log = self.metrics_processor.should_log(self.step)
+        if arm_device_side_skip(self.optimizers.optimizers, grad_norm):
+            self.optimizers.step()  # skipped on the device if the norm is not finite
+            self._pending_grad_norm = PendingGradNorm(self.step, grad_norm, loss)
+            grad_norm_value = self.settle_grad_norm() if log or last_step else None
+        else:
+            grad_norm_value = grad_norm.item()  # the host decides before the update
+            local_loss = None if math.isfinite(grad_norm_value) else loss.item()
+            if self.nonfinite.should_skip(self.step, grad_norm_value, local_loss):
+                self.optimizers.zero_grad()
+            else:
+                self.optimizers.step()
         self.lr_schedulers.step()
 
-        if self.metrics_processor.should_log(self.step):
+        if log:
             self._log(loss, local_valid_tokens, global_valid_tokens, grad_norm_value, lr)
-        last_step = self.step == self.job_config.training.steps
         if self.evaluator.due(self.step, last_step):
             # every rank takes part: the sharded forward is collective
             tokens_seen = self._global_tokens_seen()
             self.evaluator.maybe_run(self.step, tokens_seen, self.model_parts[0], last_step=last_step)
+
+    def settle_grad_norm(self) -> float | None:
+        """Apply the skip policy (count, warn, stop) to the step whose norm is still on its way to the host,
+        if any, and return that norm; the device already skipped the update if it was not finite."""
+        pending, self._pending_grad_norm = self._pending_grad_norm, None
+        if pending is None:
+            return None
+        value = pending.value()
+        local_loss = None if math.isfinite(value) else pending.loss.item()
+        self.nonfinite.should_skip(pending.step, value, local_loss)
+        return value
 
     def _log(
         self,
@@ -194,6 +210,7 @@ class TitanDeltaTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         """Step counters, skipped steps and the RNG states (torchtitan saves no RNG): all SPMD ranks share
         one seed, so DCP's de-duplicated copy of rank 0's state is every rank's state."""
+        self.settle_grad_norm()  # the saved count includes the last step
         state = {**super().state_dict(), **self.nonfinite.state_dict(), "rng_cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)

@@ -6,8 +6,8 @@ the autograd rule, so the op composes with FSDP2 and activation checkpointing li
 One op call convolves one or several *segments*: consecutive channel ranges of x, each with its own weight
 and normalisation, each returned as its own contiguous tensor. A mixer projects q, k and v with one GEMM and
 convolves its output in place of three projections and three convs: the backward then produces one input
-gradient for one GEMM (separate projections each add a [tokens, dim] gradient to be summed), and the dx pass
-runs once over all channels.
+gradient for one GEMM (separate projections each add a [tokens, dim] gradient to be summed), each segment's
+backward writing its channels of it.
 
 Forward (fwd.py): one kernel per segment, y only (no activation is saved beyond the op's inputs), optionally
 L2-normalised per group of channels (a head's query or key), which saves the model a normalisation pass
@@ -40,7 +40,7 @@ MAX_L2_GROUP = 256  # a normalised group is one tile's channels
 @dataclass(frozen=True)
 class Tiling:
     """A kernel's launch geometry: tiles of ``rows`` × ``channels``, ``tiles`` consecutive row tiles per
-    program (the dpre kernel writes one dw partial per program, so programs of many rows keep the partials
+    program (the backward kernel writes one dw partial per program, so programs of many rows keep the partials
     [B·T / (rows · tiles), C, K] small), ``num_warps`` warps."""
 
     rows: int

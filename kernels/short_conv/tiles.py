@@ -1,10 +1,11 @@
 """Tile helpers shared by the short conv's Triton kernels (fwd.py, bwd.py).
 
-Layout: [N = B·T, C] with channels contiguous; y, dy and dx are contiguous, x and dpre may be C channels of
-a wider tensor (one GEMM's output for several convs), their rows X_STRIDE elements apart. Tokens are
+Layout: [N = B·T, C] with channels contiguous; y and dy are contiguous, x and dx may be C channels of a
+wider tensor (one GEMM's output for several convs), their rows X_STRIDE elements apart. Tokens are
 addressed by their flat row r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C
-channels; the K − 1 halo rows a tap reaches (behind in the forward, ahead in the backward's dx) are read as
-shifted, masked loads of the same tile, which hit L1/L2 (the previous tile just read them). Tap j at row r
+channels; the K − 1 halo rows a tap reaches behind are read as shifted, masked loads of the same tile, which
+hit L1/L2 (the previous tile just read them); the rows the backward's dx reaches ahead come from its ring
+(bwd.py). Tap j at row r
 reads x[r − j] (weight [:, K − 1 − j]) and is used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t
 keeps it inside the batch row, seq_pos inside the current document.
 
@@ -56,9 +57,9 @@ def tap_row(weights, j, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
-    """[1, BLOCK_C] weight of tap j loaded on its own, in the layout of the tile's columns. The dpre kernel
-    takes its weights this way: the weight tile's per-tap row picks are cross-warp reductions and raised its
-    registers to two programs per SM. The forward and dx keep the tile, which measured faster there
+    """[1, BLOCK_C] weight of tap j loaded on its own, in the layout of the tile's columns. The backward
+    kernel takes its weights this way: the weight tile's per-tap row picks are cross-warp reductions and
+    raised its registers to two programs per SM. The forward keeps the tile, which measured faster there
     (docs/benchmarks.md, "Short causal conv")."""
     w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
     return w.to(X_DTYPE).to(tl.float32)[None, :]

@@ -1,7 +1,8 @@
 """The Triton short causal conv against the PyTorch path of ``ShortCausalConv`` computed in fp64.
 
-CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (8 and 32
-rows, 128 per program, the dpre kernel's prefetch past a program's last tile) and channel blocks (64), odd
+CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (8 to 32
+rows, 128 per forward program, the backward's prefetch and halo past a program's last tile; small tilings
+patched in to cross many backward programs) and channel blocks (64), odd
 and short T, K = 1..8, SiLU on and off, several documents per row with boundaries inside tiles and on tile
 edges, B > 1 (flat rows cross batch rows inside a tile), heads L2-normalised after the conv (groups of 16–64
 channels, an all-zero head), several convs over channel ranges of one input; fp32 inputs at 1e-5,
@@ -232,8 +233,8 @@ def test_split_matches_a_conv_per_segment(widths, l2_groups, K, activation, docu
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_split_is_bitwise_the_separate_ops(dtype):
-    """Each segment runs the kernels of its own conv (x read in place, the dx pass over all channels at
-    once with the same tiles), so outputs and gradients equal the separate ops' exactly."""
+    """Each segment runs the kernels of its own conv (x read in place, dx written into its channels of one
+    gradient), so outputs and gradients equal the separate ops' exactly."""
     widths, groups = [16, 32, 48], [16, 16, 0]
     x = torch.randn(2, 45, sum(widths)).to(dtype).requires_grad_()
     weights = [torch.randn(C, 1, 4, requires_grad=True) for C in widths]

@@ -80,7 +80,7 @@ def _ring_tap(RING, ring_rows, cols_local, SEQ_POS, rows, row_ok, T, s: tl.const
 def short_conv_bwd_kernel(
     X, W, SEQ_POS, DY, DX, RING, DW_PARTIAL, T, C, N, X_STRIDE,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr, NORM: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr, RING_TILES: tl.constexpr,
 ):  # fmt: skip
     """The backward of one segment: dx[r] = Σ_s w_s · dpre[r + s] and DW_PARTIAL[program, :, K−1−j] =
     Σ_r x[r − j] · dpre[r] over the program's TILES row tiles, where dpre is ``_output_to_pre`` of dy with pre
@@ -89,10 +89,10 @@ def short_conv_bwd_kernel(
 
     dx[r] needs dpre up to K − 1 rows ahead, which a tile of registers cannot shift. Each tile's dpre,
     rounded to x's dtype (the rounding autograd's SiLU backward applies), goes to the program's ring in RING
-    ([programs, 4 · BLOCK_T, BLOCK_C]: four tiles, so one barrier per tile orders its writes before the
-    reads of the tile before it, and those reads before the slot is written again); the tile before it then
-    takes its dx from there. The ring stays in L2, so dpre costs no HBM round trip. The program ends with
-    the next program's first tile (the halo), whose dpre only serves the last tile's dx.
+    ([programs, RING_TILES · BLOCK_T, BLOCK_C]; at least three tiles, so one barrier per tile orders its
+    writes before the reads of the tile before it, and those reads before the slot is written again); the
+    tile before it then takes its dx from there. The ring stays in L2, so dpre costs no HBM round trip. The
+    program ends with the next program's first tile (the halo), whose dpre only serves the last tile's dx.
 
     Taps are unrolled up to 8 (``conv.MAX_KERNEL_SIZE``) as named values: each tap's weights are loaded once
     per program, and each shifted x tile once per tile, serving both the recomputed pre and the tap's weight
@@ -105,7 +105,8 @@ def short_conv_bwd_kernel(
     program for a kernel bound by memory latency (docs/benchmarks.md, "Short causal conv"). The shifted x
     tiles x[r − j], j ≥ 1, reach back into rows already read (cache hits) and load within the iteration."""
     tl.static_assert(K - 1 <= BLOCK_T, "the halo of dx must lie within the next tile")
-    RING_ROWS: tl.constexpr = 4 * BLOCK_T
+    tl.static_assert(RING_TILES >= 3 and (RING_TILES & (RING_TILES - 1)) == 0, "RING_TILES: power of 2, >= 3")
+    RING_ROWS: tl.constexpr = RING_TILES * BLOCK_T
     cols_local = tl.arange(0, BLOCK_C)
     cols = tl.program_id(1) * BLOCK_C + cols_local
     col_ok = cols < C

@@ -56,7 +56,7 @@ class Tiling:
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
 BACKWARD_TILING = Tiling(rows=16, channels=64, tiles=32, num_warps=2)
 NORMALIZED_BACKWARD_TILING = Tiling(rows=8, channels=128, tiles=16, num_warps=2)
-RING_TILES = 4  # bwd.py's ring of dpre tiles per program
+RING_TILES = 4  # dpre tiles in each backward program's ring (bwd.py; a power of 2, at least 3)
 # With normalisation a tile spans one group (a head) to take its norm, with the values per tile of the tiling
 # it derives from: forward 16 × 128 for 128-wide heads (docs/benchmarks.md, "Short causal conv").
 
@@ -159,7 +159,8 @@ def short_conv_bwd(
         partial = _empty((grid[0], C, K), x, torch.float32)
         launch(short_conv_bwd_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
                dx[..., offset:], ring, partial, T, C, B * T, width, ACTIVATION=activation,
-               NORM=bool(l2_group), **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
+               NORM=bool(l2_group), RING_TILES=RING_TILES,
+               **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
         dws.append(partial.sum(0).view(weight.shape).to(weight.dtype))
     return [dx, *dws]
 

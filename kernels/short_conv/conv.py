@@ -7,7 +7,10 @@ One op call convolves one or several *segments*: consecutive channel ranges of x
 and normalisation, each returned as its own contiguous tensor. A mixer projects q, k and v with one GEMM and
 convolves its output in place of three projections and three convs: the backward then produces one input
 gradient for one GEMM (separate projections each add a [tokens, dim] gradient to be summed), each segment's
-backward writing its channels of it.
+backward writing its channels of it. Channels after the segments (``passthrough``: narrow per-token signals
+such as β projected by the same GEMM, and its alignment padding) are returned as they are, as one more
+output whose gradient the backward copies into dx: the GEMM's whole input gradient comes from this op, with
+no concatenation of the pieces' gradients.
 
 Forward (fwd.py): one kernel per segment, y only (no activation is saved beyond the op's inputs), optionally
 L2-normalised per group of channels (a head's query or key), which saves the model a normalisation pass
@@ -109,9 +112,11 @@ def _segments(weights: list[Tensor], l2_groups: list[int]) -> list[tuple[int, Te
 
 @torch.library.custom_op("titan_delta::short_conv_fwd", mutates_args=())
 def short_conv_fwd(
-    x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool, l2_groups: list[int]
-) -> list[Tensor]:
-    """[y_i [B, T, C_i] (contiguous, x's dtype)] from x [B, T, ΣC_i], weights [C_i, 1, K], seq_pos [B, T] or
+    x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool, l2_groups: list[int],
+    passthrough: int,
+) -> list[Tensor]:  # fmt: skip
+    """[y_i [B, T, C_i] (contiguous, x's dtype)] and, with ``passthrough`` > 0, x's last ``passthrough``
+    channels (a contiguous copy) from x [B, T, ΣC_i + passthrough], weights [C_i, 1, K], seq_pos [B, T] or
     None: segment i convolves channels ΣC_<i .. ΣC_≤i of x."""
     B, T, width = x.shape
     x = x.contiguous()
@@ -126,12 +131,15 @@ def short_conv_fwd(
         launch(short_conv_fwd_kernel, _grid(B * T, C, tiling), x[..., offset:], weight,
                _seq_pos_or(x, seq_pos), y, T, C, B * T, width, ACTIVATION=activation, NORM=bool(l2_group),
                **_constexprs(weight.shape[-1], seq_pos, tiling))  # fmt: skip
+    if passthrough:
+        outputs.append(x[..., width - passthrough :].contiguous())
     return outputs
 
 
 @short_conv_fwd.register_fake
-def _(x, weights, seq_pos, activation, l2_groups):
-    return [x.new_empty(*x.shape[:2], weight.shape[0]) for weight in weights]
+def _(x, weights, seq_pos, activation, l2_groups, passthrough):
+    widths = [weight.shape[0] for weight in weights] + ([passthrough] if passthrough else [])
+    return [x.new_empty(*x.shape[:2], width) for width in widths]
 
 
 @torch.library.custom_op("titan_delta::short_conv_bwd", mutates_args=())
@@ -140,12 +148,15 @@ def short_conv_bwd(
     l2_groups: list[int],
 ) -> list[Tensor]:  # fmt: skip
     """[dx (contiguous, x's dtype and shape), dw_i (each weight's dtype and shape)] from the gradients dys of
-    the forward's outputs and its inputs."""
+    the forward's outputs (the segments', then the passthrough channels' if any) and its inputs."""
     B, T, width = x.shape
     K = weights[0].shape[-1]
     dx = _empty(x.shape, x, x.dtype)
     if dx.numel() == 0:
         return [dx, *(weight.new_zeros(weight.shape) for weight in weights)]
+    if len(dys) > len(weights):
+        passthrough = dys[-1].shape[-1]
+        dx[..., width - passthrough :].copy_(dys[-1])
     x, seq_pos_or_x = x.contiguous(), _seq_pos_or(x, seq_pos)
     segments = _segments(weights, l2_groups)
     tilings = [backward_tiling(l2_group) for _, _, l2_group in segments]
@@ -154,7 +165,8 @@ def short_conv_bwd(
                     for (rows, cols), t in zip(grids, tilings, strict=True))
     ring = torch.empty(ring_size, device=x.device, dtype=x.dtype)  # every element written before it is read
     dws = []
-    for (offset, weight, l2_group), dy, tiling, grid in zip(segments, dys, tilings, grids, strict=True):
+    per_segment = zip(segments, dys[: len(weights)], tilings, grids, strict=True)
+    for (offset, weight, l2_group), dy, tiling, grid in per_segment:
         C = weight.shape[0]
         partial = _empty((grid[0], C, K), x, torch.float32)
         launch(short_conv_bwd_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
@@ -171,7 +183,7 @@ def _(dys, x, weights, seq_pos, activation, l2_groups):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weights, seq_pos, activation, l2_groups = inputs
+    x, weights, seq_pos, activation, l2_groups, _ = inputs
     ctx.save_for_backward(x, seq_pos, *weights)
     ctx.activation, ctx.l2_groups = activation, l2_groups
 
@@ -179,7 +191,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, dys):
     x, seq_pos, *weights = ctx.saved_tensors
     dx, *dws = short_conv_bwd(list(dys), x, weights, seq_pos, ctx.activation, ctx.l2_groups)
-    return dx, dws, None, None, None
+    return dx, dws, None, None, None, None
 
 
 torch.library.register_autograd("titan_delta::short_conv_fwd", _backward, setup_context=_setup_context)
@@ -213,11 +225,12 @@ def short_causal_conv(
 
 def short_causal_conv_split(
     x: Tensor, weights: list[Tensor], seq_pos: Tensor | None = None, activation: bool = True,
-    l2_groups: list[int] | None = None,
+    l2_groups: list[int] | None = None, passthrough: int = 0,
 ) -> tuple[Tensor, ...]:  # fmt: skip
     """``short_causal_conv`` of consecutive channel ranges of x, each with its own weight and normalisation
-    in one op: x [B, T, ΣC_i], weights [C_i, 1, K] (one K), ``l2_groups`` one per weight (None: no
-    normalisation); returns (y_i [B, T, C_i], contiguous). dx is one [B, T, ΣC_i] gradient."""
+    in one op: x [B, T, ΣC_i + passthrough], weights [C_i, 1, K] (one K), ``l2_groups`` one per weight
+    (None: no normalisation); returns (y_i [B, T, C_i], contiguous), then, with ``passthrough`` > 0, x's last
+    ``passthrough`` channels unchanged (a contiguous copy). dx is one gradient of x's shape."""
     check_tensor("x", x, 3, "[B, T, C]", dtypes=KERNEL_DTYPES)
     if not weights:
         raise ValueError("weights must hold at least one [C, 1, K] weight")
@@ -227,19 +240,26 @@ def short_causal_conv_split(
     B, T, width = x.shape
     K = weights[0].shape[-1]
     channels = [weight.shape[0] for weight in weights]
+    passthrough = int(passthrough)
+    if not 0 <= passthrough < width:
+        raise ValueError(f"passthrough must be in [0, {width}) (x's channels), got {passthrough}")
     for i, weight in enumerate(weights):
         name = "weight" if len(weights) == 1 else f"weights[{i}]"
         check_tensor(name, weight, 3, "[C, 1, K]", dtypes=KERNEL_DTYPES)
         if weight.shape[1] != 1 or weight.shape[-1] != K or not 1 <= K <= MAX_KERNEL_SIZE:
             raise ValueError(f"{name} must have shape [C, 1, K] with 1 <= K <= {MAX_KERNEL_SIZE} (one K for "
                              f"every weight), got {tuple(weight.shape)}")  # fmt: skip
-    if sum(channels) != width:
-        expected = f"[{width}, 1, K]" if len(weights) == 1 else f"[C_i, 1, K] with C_i adding up to {width}"
-        raise ValueError(f"weight must have shape {expected} (x's channels), got channels {channels}")
+    if sum(channels) + passthrough != width:
+        convolved = width - passthrough
+        expected = (f"[{convolved}, 1, K]" if len(weights) == 1
+                    else f"[C_i, 1, K] with C_i adding up to {convolved}")  # fmt: skip
+        tail = f" less {passthrough} passthrough" if passthrough else ""
+        raise ValueError(f"weight must have shape {expected} (x's channels{tail}), got channels {channels}")
     for group, C in zip(l2_groups, channels, strict=True):
         check_l2_group(group, C)
     if seq_pos is not None:
         check_tensor("seq_pos", seq_pos, 2, "[B, T] (or [1, T])", dtypes=(torch.int32, torch.int64))
         seq_pos = seq_pos.expand(B, T).contiguous()
     check_same_device(x=x, seq_pos=seq_pos, **{f"weights[{i}]": w for i, w in enumerate(weights)})
-    return tuple(short_conv_fwd(x.contiguous(), list(weights), seq_pos, bool(activation), l2_groups))
+    x = x.contiguous()
+    return tuple(short_conv_fwd(x, list(weights), seq_pos, bool(activation), l2_groups, passthrough))

@@ -138,8 +138,9 @@ def test_gated_deltaproduct_switches(forget_gate, short_conv, output_gate):
 
 
 def test_gated_deltaproduct_convolves_q_k_v_with_one_op(monkeypatch):
-    """Without a cache q, k and v come from one GEMM through one short-conv op (the Triton op forced on CPU):
-    the recurrence's values and the separate projections' gradients."""
+    """Without a cache q, k, v, β and dt come from one GEMM and its output goes through one short-conv op (the
+    Triton op forced on CPU), which passes β's and dt's columns through: the recurrence's values and the
+    separate projections' gradients (b_proj's and a_proj's among them)."""
     from titan_delta.models.components import short_conv as short_conv_module
 
     config = GatedDeltaProductConfig(dim=16, n_heads=2, head_dim=8, head_v_dim=16, backend="torch")

@@ -154,7 +154,7 @@ def ops_table(shapes: str, K: int, documents: int, activation: bool, l2_group: i
         x, weight, seq_pos, dy = make_inputs(B, T, C, K, documents, "cuda")
         x, weight = x.detach(), weight.detach()
         if listed:
-            fwd_args = (x, [weight], seq_pos, activation, [l2_group])
+            fwd_args = (x, [weight], seq_pos, activation, [l2_group], 0)
             bwd_args = ([dy], x, [weight], seq_pos, activation, [l2_group])
         else:
             fwd_args = (x, weight, seq_pos, activation, *group)

@@ -261,6 +261,35 @@ def test_split_with_an_unused_output():
     assert_rel_close(dw_second, expected_dw, 1e-5, "dw")
 
 
+@pytest.mark.parametrize("used", [(True, True, True), (True, False, True), (False, True, False)])
+def test_split_passes_trailing_channels_through(used):
+    """Channels after the segments (``passthrough``) come back unchanged as one more output; dx holds their
+    gradient (zero where an output gets none) beside the segments': one gradient for the whole GEMM output."""
+    widths, groups, passthrough = [8, 16], [8, 0], 5
+    x = torch.randn(2, 23, sum(widths) + passthrough, requires_grad=True)
+    weights = [torch.randn(C, 1, 4, requires_grad=True) for C in widths]
+    seq_pos = positions([[9, 14], [23]])
+    *ys, tail = short_causal_conv_split(x, weights, seq_pos, True, groups, passthrough=passthrough)
+    assert tail.shape == (2, 23, passthrough) and tail.is_contiguous()
+    assert torch.equal(tail, x[..., sum(widths):])
+    outputs = [out for out, use in zip((*ys, tail), used, strict=True) if use]
+    dys = [torch.randn_like(out) for out in outputs]
+    dx, *dws = torch.autograd.grad(outputs, (x, *weights), dys, allow_unused=True, materialize_grads=True)
+    expected_dx = torch.zeros_like(x)
+    edges = [0, *itertools.accumulate(widths)]
+    given = iter(dys)
+    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+        if not used[i]:
+            assert not dws[i].any()
+            continue
+        _, seg_dx, seg_dw = reference(x[..., lo:hi], weights[i], seq_pos, True, next(given), groups[i])
+        expected_dx[..., lo:hi] = seg_dx
+        assert_rel_close(dws[i], seg_dw, 1e-5, f"dw of segment {i}")
+    if used[-1]:
+        expected_dx[..., edges[-1]:] = next(given)
+    assert_rel_close(dx, expected_dx, 1e-5, "dx")
+
+
 def test_split_rejects_mismatched_arguments():
     x, weights = torch.randn(1, 8, 24), [torch.randn(8, 1, 4), torch.randn(16, 1, 4)]
     with pytest.raises(ValueError, match=r"adding up to 24 .*got channels \[8, 8\]"):
@@ -273,6 +302,10 @@ def test_split_rejects_mismatched_arguments():
         short_causal_conv_split(x, weights, l2_groups=[8, 32])
     with pytest.raises(ValueError, match="at least one"):
         short_causal_conv_split(x, [])
+    with pytest.raises(ValueError, match=r"C_i adding up to 20 \(x's channels less 4 passthrough\)"):
+        short_causal_conv_split(x, weights, passthrough=4)
+    with pytest.raises(ValueError, match=r"passthrough must be in \[0, 24\)"):
+        short_causal_conv_split(x, weights, passthrough=24)
 
 
 def _force_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -331,8 +364,29 @@ def test_short_convs_take_one_op_when_every_conv_applies(monkeypatch):
         assert_rel_close(a, e, 1e-5, name)
     mixed = [ShortCausalConv(16), ShortCausalConv(40, kernel_size=3)]
     assert len(short_conv_module.short_convs(x, mixed, seq_pos)) == 2 and calls == [1]
-    with pytest.raises(ValueError, match=r"channels \[16, 16\] must add up to x's 56"):
+    with pytest.raises(ValueError, match=r"channels \[16, 16\] and 0 passthrough must add up to x's 56"):
         short_conv_module.short_convs(x, convs[:2], seq_pos)
+
+
+def test_short_convs_pass_trailing_channels_through(monkeypatch):
+    """The op's passthrough channels and the fallback's view of them: the same tail and the same gradient
+    of the whole GEMM output."""
+    convs = [ShortCausalConv(16, l2_group=8), ShortCausalConv(24)]
+    x = torch.randn(2, 19, 43, requires_grad=True)
+    seq_pos = positions([[4, 15], [19]])
+    dys = [torch.randn(2, 19, width) for width in (16, 24, 3)]
+    fallback = short_conv_module.short_convs(x, [convs[0], ShortCausalConv(24, kernel_size=3)], seq_pos, 3)
+    assert len(fallback) == 3 and torch.equal(fallback[-1], x[..., 40:])
+    ranges = x[..., :40].split([16, 24], -1)
+    expected = [c.forward_torch(r, seq_pos) for c, r in zip(convs, ranges, strict=True)]
+    expected_grads = torch.autograd.grad((*expected, x[..., 40:]), (x, *(c.weight for c in convs)), dys)
+    _force_kernel(monkeypatch)
+    got = short_conv_module.short_convs(x, convs, seq_pos, passthrough=3)
+    assert torch.equal(got[-1], x[..., 40:])
+    got_grads = torch.autograd.grad(got, (x, *(c.weight for c in convs)), dys)
+    for a, e, name in zip((*got, *got_grads), (*expected, x[..., 40:], *expected_grads),
+                          ("q", "v", "tail", "dx", "dw_q", "dw_v"), strict=True):  # fmt: skip
+        assert_rel_close(a, e, 1e-5, name)
 
 
 def test_module_compiles_fullgraph_with_the_op(monkeypatch):
@@ -363,11 +417,12 @@ def test_module_compiles_fullgraph_with_the_op(monkeypatch):
 @pytest.mark.parametrize("with_documents", [True, False])
 def test_custom_ops_pass_opcheck(with_documents):
     seq_pos = positions([[4, 5]]) if with_documents else None
-    for widths, l2_groups in (([6], [0]), ([6], [2]), ([4, 6], [2, 0])):
-        x = torch.randn(1, 9, sum(widths), requires_grad=True)
+    cases = (([6], [0], 0), ([6], [2], 0), ([4, 6], [2, 0], 0), ([4, 6], [2, 0], 3))
+    for widths, l2_groups, passthrough in cases:
+        x = torch.randn(1, 9, sum(widths) + passthrough, requires_grad=True)
         weights = [torch.randn(C, 1, 3, requires_grad=True) for C in widths]
-        torch.library.opcheck(conv_ops.short_conv_fwd, (x, weights, seq_pos, True, l2_groups))
-        dys = [torch.randn(1, 9, C) for C in widths]
+        torch.library.opcheck(conv_ops.short_conv_fwd, (x, weights, seq_pos, True, l2_groups, passthrough))
+        dys = [torch.randn(1, 9, C) for C in widths + ([passthrough] if passthrough else [])]
         args = (dys, x.detach(), [w.detach() for w in weights], seq_pos, False, l2_groups)
         torch.library.opcheck(conv_ops.short_conv_bwd, args)
 

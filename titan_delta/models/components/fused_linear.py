@@ -8,16 +8,16 @@ activations at training shapes. The modules keep their own parameters, so state 
 and initialisation are unchanged.
 
 The concatenated output is padded with zero rows of weight to a multiple of ``ALIGN`` columns: every GEMM
-of the forward and backward then sees 16-byte aligned rows in bf16. With a width such as 1036 (Gated
-DeltaProduct 340M's β, dt and gate) cuBLAS falls back to much slower kernels for 2-byte alignment
-(docs/models.md, "Where a training step's time goes").
+of the forward and backward then sees 16-byte aligned rows in bf16. With a width such as 1036 (β, dt and
+an output gate of 1024) cuBLAS fell back to much slower kernels for 2-byte alignment (docs/models.md,
+"Where a training step's time goes").
 
-The backward of a split output is a concatenation of the pieces' gradients. Inductor usually emits it as
-one flat pointwise kernel that computes every piece's gradient in place of its copy, which is what the
-transformer's q and k want (RoPE's backward fused into it). Where a wide piece's gradient is expensive to
-recompute per element and the small ones live elsewhere (Gated DeltaProduct's output gate next to β and dt),
-``opaque_backward=True`` concatenates the realised gradients with one copy (``titan_delta::cat_columns``,
-opaque to inductor) instead.
+The backward of a split output is a concatenation of the pieces' gradients, which inductor emits as one flat
+pointwise kernel computing every piece's gradient in place of its copy: what the transformer's q and k want
+(RoPE's backward fused into it). Where a piece's gradient is expensive to recompute per element, keep it out
+of the split: Gated DeltaProduct's output gate has a GEMM of its own, and its β and dt columns pass through
+the short-conv op with q, k and v (``fused_linear_joined(..., padded=True)``), whose backward writes the
+whole gradient.
 """
 
 from __future__ import annotations
@@ -29,27 +29,24 @@ from torch import nn
 ALIGN = 8  # output columns: 16 bytes in bf16
 
 
-def fused_linear(
-    x: torch.Tensor, *linears: nn.Linear, opaque_backward: bool = False
-) -> tuple[torch.Tensor, ...]:
+def fused_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for linear in linears), computed by one GEMM; the results are views of its output along
-    the last dimension (not contiguous when there are several). ``opaque_backward``: the gradients are
-    concatenated by a copy inductor cannot fuse (module docstring)."""
+    the last dimension (not contiguous when there are several)."""
     if len(linears) == 1:
         return (linears[0](x),)
     widths = [linear.out_features for linear in linears]
     out = _padded_output(x, linears)
     widths.append(out.shape[-1] - sum(widths))
-    pieces = _SplitColumns.apply(out, widths) if opaque_backward else out.split(widths, dim=-1)
-    return tuple(pieces[: len(linears)])
+    return tuple(out.split(widths, dim=-1)[: len(linears)])
 
 
-def fused_linear_joined(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
+def fused_linear_joined(x: torch.Tensor, *linears: nn.Linear, padded: bool = False) -> torch.Tensor:
     """torch.cat([linear(x) for linear in linears], -1), computed by one GEMM: contiguous unless padding
-    columns were cut off (then a view of the padded output)."""
+    columns were cut off (then a view of the padded output). ``padded``: the GEMM's output itself, contiguous,
+    with the zero padding columns (up to a multiple of ALIGN) after the projections'."""
     out = _padded_output(x, linears)
     width = sum(linear.out_features for linear in linears)
-    return out if out.shape[-1] == width else out[..., :width]
+    return out if padded or out.shape[-1] == width else out[..., :width]
 
 
 def _padded_output(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
@@ -67,27 +64,3 @@ def _padded_output(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Ten
         ]
         bias = torch.cat(biases + ([biases[0].new_zeros(pad)] if pad else []))
     return F.linear(x, torch.cat(weights) if len(weights) > 1 else weights[0], bias)
-
-
-@torch.library.custom_op("titan_delta::cat_columns", mutates_args=())
-def cat_columns(pieces: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(pieces, -1) as an op inductor does not look into: its inputs are realised first."""
-    return torch.cat(pieces, dim=-1)
-
-
-@cat_columns.register_fake
-def _(pieces):
-    return pieces[0].new_empty(*pieces[0].shape[:-1], sum(piece.shape[-1] for piece in pieces))
-
-
-class _SplitColumns(torch.autograd.Function):
-    """out.split(widths, -1), whose backward is ``cat_columns`` of the pieces' gradients (zeros for a piece
-    without one, e.g. the padding)."""
-
-    @staticmethod
-    def forward(ctx, out: torch.Tensor, widths: list[int]) -> tuple[torch.Tensor, ...]:
-        return tuple(out.split(widths, dim=-1))
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return cat_columns([grad.contiguous() for grad in grads]), None

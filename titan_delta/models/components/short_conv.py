@@ -61,15 +61,18 @@ def _load_triton_conv_split():
 
 
 def short_convs(
-    x: torch.Tensor, convs: Sequence[ShortCausalConv], seq_pos: torch.Tensor | None = None
-) -> tuple[torch.Tensor, ...]:
-    """(conv(range) for each conv), the convs applied to consecutive channel ranges of x [B, T, ΣC] (one
-    GEMM's output for their projections). One Triton op where the kernels apply to every conv (one filter
-    width and activation): the backward then returns one gradient for x instead of one per range, which the
-    GEMM needs. Else each conv on its range (views of x)."""
+    x: torch.Tensor, convs: Sequence[ShortCausalConv], seq_pos: torch.Tensor | None = None,
+    passthrough: int = 0,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(conv(range) for each conv), the convs applied to consecutive channel ranges of x [B, T, ΣC +
+    passthrough] (one GEMM's output for their projections), then, with ``passthrough`` > 0, x's last
+    ``passthrough`` channels as they are (other signals from the same GEMM). One Triton op where the kernels
+    apply to every conv (one filter width and activation): the backward then returns one gradient for x
+    instead of one per range, which the GEMM needs. Else each conv on its range (views of x)."""
     channels = [conv.channels for conv in convs]
-    if sum(channels) != x.shape[-1]:
-        raise ValueError(f"the convs' channels {channels} must add up to x's {x.shape[-1]}")
+    if sum(channels) + passthrough != x.shape[-1]:
+        raise ValueError(f"the convs' channels {channels} and {passthrough} passthrough must add up to x's "
+                         f"{x.shape[-1]}")  # fmt: skip
     first = convs[0]
     alike = all(c.kernel_size == first.kernel_size and c.activation == first.activation for c in convs)
     kernel = None
@@ -77,9 +80,10 @@ def short_convs(
         kernel = _load_triton_conv_split()
     if kernel is not None:
         weights = [conv.weight for conv in convs]
-        return kernel(x, weights, seq_pos, first.activation, [conv.l2_group for conv in convs])
-    ranges = x.split(channels, dim=-1)
-    return tuple(conv(part, seq_pos) for conv, part in zip(convs, ranges, strict=True))
+        return kernel(x, weights, seq_pos, first.activation, [conv.l2_group for conv in convs], passthrough)
+    ranges = x.split(channels + ([passthrough] if passthrough else []), dim=-1)
+    convolved = tuple(conv(part, seq_pos) for conv, part in zip(convs, ranges, strict=False))
+    return convolved + ranges[len(convs) :]
 
 
 def l2_normalize_groups(x: torch.Tensor, group: int) -> torch.Tensor:

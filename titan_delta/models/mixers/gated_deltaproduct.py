@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_delta.models.components.fused_linear import fused_linear, fused_linear_joined
+from titan_delta.models.components.fused_linear import fused_linear_joined
 from titan_delta.models.components.norms import GatedRMSNorm, RMSNorm
 from titan_delta.models.components.short_conv import ShortCausalConv, l2_normalize_groups, short_convs
 from titan_delta.models.context import MixerContext
@@ -113,48 +113,58 @@ class GatedDeltaProduct(nn.Module):
         B, T, _ = x.shape
         c = self.config
         n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
-        q, k, v = self._project_qkv(x, ctx, cache)  # q and k L2-normalised per head
+        q, k, v, signals = self._project(x, ctx, cache)  # q and k L2-normalised per head
         q, k, v = q.view(B, T, H, K), k.view(B, T * n, H, K), v.view(B, T * n, H, V)  # step j of t at t·n + j
-        # β, the decay's dt and the output gate in one GEMM (β and dt have n·H and H outputs); its backward
-        # copies the realised gradients together rather than recomputing the gate's from the gated RMSNorm's
-        # inputs inside inductor's concatenation (components/fused_linear.py)
-        gate_linears = [self.b_proj]
-        gate_linears += [self.a_proj] if c.use_forget_gate else []
-        gate_linears += [self.g_proj] if c.use_output_gate else []
-        outs = iter(fused_linear(x, *gate_linears, opaque_backward=True))
-        beta = torch.sigmoid(next(outs)).reshape(B, T * n, H)
+        beta = torch.sigmoid(signals[..., : n * H]).reshape(B, T * n, H)
         if c.allow_neg_eigval:
             beta = beta * 2.0
         g = None
         if c.use_forget_gate:
             gate_dtype = torch.promote_types(x.dtype, torch.float32)  # the log-gate is summed over T: ≥ fp32
-            dt = F.softplus(next(outs).to(gate_dtype) + self.dt_bias.to(gate_dtype))
+            dt = F.softplus(signals[..., n * H : (n + 1) * H].to(gate_dtype) + self.dt_bias.to(gate_dtype))
             g = -self.A_log.to(gate_dtype).exp() * dt
-        output_gate = next(outs) if c.use_output_gate else None
         if cache is None:
             o, _ = gated_delta_product(
                 q, k, v, g, beta, num_householder=n, cu_seqlens=ctx.cu_seqlens, backend=c.backend
             )
         else:
             o = cache.recur(q, k, v, g, beta, num_householder=n, backend=c.backend)
-        o = self.o_norm(o, output_gate.view(B, T, H, V)) if output_gate is not None else self.o_norm(o)
+        o = self.o_norm(o, self.g_proj(x).view(B, T, H, V)) if c.use_output_gate else self.o_norm(o)
         return self.o_proj(o.reshape(B, T, H * V))
 
-    def _project_qkv(
+    def _project(
         self, x: torch.Tensor, ctx: MixerContext, cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as [B, T, channels] in one dtype: projections through the short convs (continuing the
-        cache's history when decoding), or SiLU of the projections when the convs are off; q and k with every
-        head L2-normalised. Training and prefill without a cache project q, k and v with one GEMM and
-        convolve its output with one op (``short_convs``): one input gradient in the backward, not three."""
-        if self.config.use_short_conv and cache is None:
-            joined = fused_linear_joined(x, self.q_proj, self.k_proj, self.v_proj)
-            q, k, v = short_convs(joined, (self.q_conv, self.k_conv, self.v_conv), ctx.seq_pos)
-            return q, k, v
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v, signals): q, k, v as [B, T, channels] in one dtype, projections through the short convs
+        (continuing the cache's history when decoding) or SiLU of the projections when the convs are off, q
+        and k with every head L2-normalised; ``signals`` [B, T, ≥ n·H] β's logits, then (with the forget gate)
+        the decay's H dt columns, then padding.
+
+        Training and prefill without a cache project q, k, v, β and dt with one GEMM. With the convs, one op
+        convolves its q, k and v channels and passes β's and dt's through, so the op's backward writes the
+        GEMM's whole input gradient: separate projections would each add a [tokens, dim] gradient to be
+        summed, and narrow ones split off the GEMM a concatenation of the pieces' gradients. The output gate
+        is its own GEMM: its gradient, from the gated RMSNorm's backward, then feeds the GEMM as it is."""
+        c = self.config
+        n, H, K, V = c.num_householder, c.n_heads, c.head_dim, c.head_v_dim
+        signal_linears = [self.b_proj] + ([self.a_proj] if c.use_forget_gate else [])
+        widths = [H * K, n * H * K, n * H * V]
+        if cache is None:
+            projections = (self.q_proj, self.k_proj, self.v_proj, *signal_linears)
+            joined = fused_linear_joined(x, *projections, padded=True)
+            passthrough = joined.shape[-1] - sum(widths)
+            if c.use_short_conv:
+                convs = (self.q_conv, self.k_conv, self.v_conv)
+                q, k, v, signals = short_convs(joined, convs, ctx.seq_pos, passthrough)
+                return q, k, v, signals
+            q, k, v, signals = joined.split([*widths, passthrough], dim=-1)
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            return l2_normalize_groups(q, K), l2_normalize_groups(k, K), v, signals
+        signals = fused_linear_joined(x, *signal_linears)
         projections = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
-        if not self.config.use_short_conv:
+        if not c.use_short_conv:
             q, k, v = (F.silu(p) for p in projections.values())
-            K = self.config.head_dim
-            return l2_normalize_groups(q, K), l2_normalize_groups(k, K), v
+            return l2_normalize_groups(q, K), l2_normalize_groups(k, K), v, signals
         convs = {"q": self.q_conv, "k": self.k_conv, "v": self.v_conv}
-        return tuple(cache.convolve(n, convs[n], p) for n, p in projections.items())  # type: ignore[return-value]
+        q, k, v = (cache.convolve(name, convs[name], p) for name, p in projections.items())
+        return q, k, v, signals

@@ -78,14 +78,14 @@ def _ring_tap(RING, ring_rows, cols_local, SEQ_POS, rows, row_ok, T, s: tl.const
 
 @triton.jit
 def short_conv_bwd_kernel(
-    X, W, SEQ_POS, DY, DX, RING, DW_PARTIAL, T, C, N, X_STRIDE,
+    X, W, SEQ_POS, DY, DX, RING, DW_PARTIAL, T, C, N, X_STRIDE, DX_STRIDE,
     K: tl.constexpr, HAS_SEQ_POS: tl.constexpr, ACTIVATION: tl.constexpr, NORM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr, RING_TILES: tl.constexpr,
 ):  # fmt: skip
     """The backward of one segment: dx[r] = Σ_s w_s · dpre[r + s] and DW_PARTIAL[program, :, K−1−j] =
     Σ_r x[r − j] · dpre[r] over the program's TILES row tiles, where dpre is ``_output_to_pre`` of dy with pre
-    recomputed from x (dy itself without ACTIVATION and NORM). x and dx have rows X_STRIDE apart (C channels
-    of wider tensors), dy is contiguous [N, C].
+    recomputed from x (dy itself without ACTIVATION and NORM). x and dx have rows X_STRIDE and DX_STRIDE apart
+    (C channels of wider tensors), dy is contiguous [N, C].
 
     dx[r] needs dpre up to K − 1 rows ahead, which a tile of registers cannot shift. Each tile's dpre,
     rounded to x's dtype (the rounding autograd's SiLU backward applies), goes to the program's ring in RING
@@ -211,7 +211,7 @@ def short_conv_bwd_kernel(
                 dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 6, HAS_SEQ_POS, RING_ROWS) * w6
             if K > 7:
                 dx += _ring_tap(ring, slot, cols_local, SEQ_POS, rows, ok, T, 7, HAS_SEQ_POS, RING_ROWS) * w7
-            store_tile(DX + prev.to(tl.int64) * X_STRIDE, local, ok, cols, col_ok, X_STRIDE, dx)
+            store_tile(DX + prev.to(tl.int64) * DX_STRIDE, local, ok, cols, col_ok, DX_STRIDE, dx)
         row0, row_ok, pos, x0, dy = row0 + BLOCK_T, next_ok, next_pos, next_x0, next_dy
     dw_row = DW_PARTIAL + tl.program_id(0).to(tl.int64) * C * K
     _store_dw(dw_row, cols, col_ok, K, acc0, 0)

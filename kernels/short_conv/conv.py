@@ -102,6 +102,18 @@ def _seq_pos_or(x: Tensor, seq_pos: Tensor | None) -> Tensor:
     return x if seq_pos is None else seq_pos.contiguous()
 
 
+def _rows(x: Tensor) -> tuple[Tensor, int]:
+    """(x, its row stride): x [B, T, C] as the kernels read it, with unit channel stride and its B·T rows
+    evenly spaced, possibly wider than C (inductor pads a GEMM output's rows to a multiple of 128 bytes: 3,600
+    bf16 columns in rows of 3,648); anything else as a contiguous copy."""
+    B, T, width = x.shape
+    row_stride = x.stride(1) if T > 1 else x.stride(0) if B > 1 else width
+    evenly_spaced = (B == 1 or x.stride(0) == T * row_stride) and (T == 1 or x.stride(1) == row_stride)
+    if x.stride(2) == 1 and row_stride >= width and evenly_spaced:
+        return x, row_stride
+    return x.contiguous(), width
+
+
 def _segments(weights: list[Tensor], l2_groups: list[int]) -> list[tuple[int, Tensor, int]]:
     """(first channel in x, contiguous weight, l2_group) of each segment."""
     offsets = [0]
@@ -110,7 +122,12 @@ def _segments(weights: list[Tensor], l2_groups: list[int]) -> list[tuple[int, Te
     return [(o, w.contiguous(), g) for o, w, g in zip(offsets, weights, l2_groups, strict=True)]
 
 
-@torch.library.custom_op("titan_delta::short_conv_fwd", mutates_args=())
+# The ops take x with padded rows as it is (``_rows``); without the tag inductor would copy such an input
+# to the contiguous strides the op was traced with (custom ops default to exact strides).
+_LAYOUT = (torch.Tag.needs_fixed_stride_order,)
+
+
+@torch.library.custom_op("titan_delta::short_conv_fwd", mutates_args=(), tags=_LAYOUT)
 def short_conv_fwd(
     x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool, l2_groups: list[int],
     passthrough: int,
@@ -119,7 +136,7 @@ def short_conv_fwd(
     channels (a contiguous copy) from x [B, T, ΣC_i + passthrough], weights [C_i, 1, K], seq_pos [B, T] or
     None: segment i convolves channels ΣC_<i .. ΣC_≤i of x."""
     B, T, width = x.shape
-    x = x.contiguous()
+    x, x_stride = _rows(x)
     outputs = []
     for offset, weight, l2_group in _segments(weights, l2_groups):
         C = weight.shape[0]
@@ -129,7 +146,7 @@ def short_conv_fwd(
             continue
         tiling = normalized_tiling(FORWARD_TILING, l2_group)
         launch(short_conv_fwd_kernel, _grid(B * T, C, tiling), x[..., offset:], weight,
-               _seq_pos_or(x, seq_pos), y, T, C, B * T, width, ACTIVATION=activation, NORM=bool(l2_group),
+               _seq_pos_or(x, seq_pos), y, T, C, B * T, x_stride, ACTIVATION=activation, NORM=bool(l2_group),
                **_constexprs(weight.shape[-1], seq_pos, tiling))  # fmt: skip
     if passthrough:
         outputs.append(x[..., width - passthrough :].contiguous())
@@ -142,7 +159,7 @@ def _(x, weights, seq_pos, activation, l2_groups, passthrough):
     return [x.new_empty(*x.shape[:2], width) for width in widths]
 
 
-@torch.library.custom_op("titan_delta::short_conv_bwd", mutates_args=())
+@torch.library.custom_op("titan_delta::short_conv_bwd", mutates_args=(), tags=_LAYOUT)
 def short_conv_bwd(
     dys: list[Tensor], x: Tensor, weights: list[Tensor], seq_pos: Tensor | None, activation: bool,
     l2_groups: list[int],
@@ -157,7 +174,7 @@ def short_conv_bwd(
     if len(dys) > len(weights):
         passthrough = dys[-1].shape[-1]
         dx[..., width - passthrough :].copy_(dys[-1])
-    x, seq_pos_or_x = x.contiguous(), _seq_pos_or(x, seq_pos)
+    (x, x_stride), seq_pos_or_x = _rows(x), _seq_pos_or(x, seq_pos)
     segments = _segments(weights, l2_groups)
     tilings = [backward_tiling(l2_group) for _, _, l2_group in segments]
     grids = [_grid(B * T, w.shape[0], tiling) for (_, w, _), tiling in zip(segments, tilings, strict=True)]
@@ -170,7 +187,7 @@ def short_conv_bwd(
         C = weight.shape[0]
         partial = _empty((grid[0], C, K), x, torch.float32)
         launch(short_conv_bwd_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
-               dx[..., offset:], ring, partial, T, C, B * T, width, ACTIVATION=activation,
+               dx[..., offset:], ring, partial, T, C, B * T, x_stride, width, ACTIVATION=activation,
                NORM=bool(l2_group), RING_TILES=RING_TILES,
                **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
         dws.append(partial.sum(0).view(weight.shape).to(weight.dtype))
@@ -213,12 +230,13 @@ def short_causal_conv(
     then, with ``l2_group`` = G > 0, each group of G consecutive channels divided by max(its L2 norm, 1e-12)
     (F.normalize per head).
 
-    x [B, T, C] fp32/bf16/fp16 (any strides; copied when not contiguous); weight [C, 1, K] with K ≤ 8 (the
-    taps are rounded to x's dtype, products accumulate in fp32, y is rounded to x's dtype once, after the
-    normalisation); ``seq_pos`` [B, T] (or broadcastable to it) integer position of each token inside its
-    document, None when every row is one document; act = SiLU when ``activation`` else identity; G a power
-    of two ≤ 256 dividing C. Differentiable in x and weight (dw in weight's dtype). Runs on CUDA tensors, and
-    on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+    x [B, T, C] fp32/bf16/fp16 (any strides; copied when not contiguous, though inside compiled graphs rows
+    padded by inductor are read in place); weight [C, 1, K] with K ≤ 8 (the taps are rounded to x's dtype,
+    products accumulate in fp32, y is rounded to x's dtype once, after the normalisation); ``seq_pos`` [B, T]
+    (or broadcastable to it) integer position of each token inside its document, None when every row is one
+    document; act = SiLU when ``activation`` else identity; G a power of two ≤ 256 dividing C.
+    Differentiable in x and weight (dw in weight's dtype). Runs on CUDA tensors, and on CPU tensors under
+    ``TRITON_INTERPRET=1`` (tests).
     """
     return short_causal_conv_split(x, [weight], seq_pos, activation, [l2_group])[0]
 

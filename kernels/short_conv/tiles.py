@@ -1,7 +1,8 @@
 """Tile helpers shared by the short conv's Triton kernels (fwd.py, bwd.py).
 
 Layout: [N = B·T, C] with channels contiguous; y and dy are contiguous, x and dx may be C channels of a
-wider tensor (one GEMM's output for several convs), their rows X_STRIDE elements apart. Tokens are
+wider tensor (one GEMM's output for several convs, whose rows inductor may pad), their rows X_STRIDE and
+DX_STRIDE elements apart. Tokens are
 addressed by their flat row r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C
 channels; the K − 1 halo rows a tap reaches behind are read as shifted, masked loads of the same tile, which
 hit L1/L2 (the previous tile just read them); the rows the backward's dx reaches ahead come from its ring

@@ -290,6 +290,30 @@ def test_split_passes_trailing_channels_through(used):
     assert_rel_close(dx, expected_dx, 1e-5, "dx")
 
 
+@pytest.mark.parametrize(("B", "T"), [(2, 23), (1, 9), (3, 1)])
+def test_ops_read_padded_rows_in_place(B, T):
+    """x with rows wider than its channels (a GEMM output whose rows inductor padded to 128 bytes): the ops
+    read it in place (they carry the tag that lets inductor pass it so) and give exactly what they give on a
+    contiguous copy; x with unevenly spaced rows is copied."""
+    widths, groups, passthrough = [8, 16], [8, 0], 3
+    width = sum(widths) + passthrough
+    padded = torch.randn(B, T, width + 5)[..., :width]
+    assert conv_ops._rows(padded) == (padded, width + 5)
+    if B > 1 and T > 1:  # sequences further apart than T rows: copied
+        copy, stride = conv_ops._rows(torch.randn(B, T + 1, width)[:, :T])
+        assert copy.is_contiguous() and stride == width
+    weights = [torch.randn(C, 1, 4) for C in widths]
+    seq_pos = positions([[T // 2, T - T // 2]] * B) if T > 1 else None
+    fwd, bwd = conv_ops.short_conv_fwd, conv_ops.short_conv_bwd
+    for op in (fwd, bwd):
+        assert torch.Tag.needs_fixed_stride_order in op._opoverload.tags
+    outputs = [fwd(x, weights, seq_pos, True, groups, passthrough) for x in (padded, padded.contiguous())]
+    dys = [torch.randn_like(out) for out in outputs[0]]
+    grads = [bwd(dys, x, weights, seq_pos, True, groups) for x in (padded, padded.contiguous())]
+    for a, b in zip((*outputs[0], *grads[0]), (*outputs[1], *grads[1]), strict=True):
+        assert a.is_contiguous() and torch.equal(a, b)
+
+
 def test_split_rejects_mismatched_arguments():
     x, weights = torch.randn(1, 8, 24), [torch.randn(8, 1, 4), torch.randn(16, 1, 4)]
     with pytest.raises(ValueError, match=r"adding up to 24 .*got channels \[8, 8\]"):

@@ -16,7 +16,8 @@
 #
 # Environment: STEPS (200), LOCAL_BATCH (8 sequences), SEQ_LEN (2048 tokens per sequence), FAMILIES (all five when unset; empty = none), LOG_FREQ (10),
 # WARMUP_LOGS (2), AC (full; none, selective, or config = the config's own choice), MULTI_GPU (0 = skip), MULTI_FAMILY (deltaformer), PROFILE_STEP (0 = none),
-# KEEP_TRACES (0), TOP_KERNELS (40: kernels listed per profiled step), OUT (outputs/gpu_proof_trainer). Logs of every run stay in $OUT/<run>/train.log.
+# KEEP_TRACES (0), TOP_KERNELS (40: kernels listed per profiled step), TRAIN_ARGS (more trainer flags for every run, e.g.
+# "--model.attn_backend sdpa"), OUT (outputs/gpu_proof_trainer). Logs of every run stay in $OUT/<run>/train.log.
 set -uo pipefail
 
 STEPS="${STEPS:-200}"
@@ -39,7 +40,7 @@ overrides() {  # $1 = run folder
     --training.seq_len "$SEQ_LEN" \
     --training.global_batch_size -1 --lr_scheduler.warmup_steps 20 --checkpoint.no-enable \
     --compile.enable $(checkpointing) --metrics.log_freq "$LOG_FREQ" \
-    --metrics.disable_color_printing --data.sources default --data.num_workers 2
+    --metrics.disable_color_printing --data.sources default --data.num_workers 2 ${TRAIN_ARGS:-}
 }
 
 checkpointing() {  # AC=config keeps the config's [activation_checkpoint]

@@ -53,13 +53,15 @@ def forward_pass(
 
 def _transposed_solve(
     x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse1: torch.Tensor, doc_start: torch.Tensor | None,
-    doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
+    y: torch.Tensor, beta: torch.Tensor, lse1: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None,
+    dvec: torch.Tensor, dbeta: torch.Tensor, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None,
+    scale: float, cfg: LaunchConfig,
 ) -> None:
-    """G and Y in place: one wavefront launch, or superblocks from the end, each after a key launch."""
+    """G, Y and the row scalars D (``dvec``) and dβ in place: one wavefront launch, or superblocks from the
+    end, each after a key launch, and then a row pass for the scalars."""
     T = x.shape[1]
     if cfg.wave_backward:
-        wave_backward(x, k, src, alpha, g, y, beta, lse1, doc_start, doc_end, scale, cfg)
+        wave_backward(x, k, src, alpha, g, y, beta, lse1, pu, c, dvec, dbeta, doc_start, doc_end, scale, cfg)
         return
     linv = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk,
                         dot_prec=dot_precision(x.dtype), inv_prec=inverse_precision(x.dtype))
@@ -72,6 +74,7 @@ def _transposed_solve(
                          strict=True, key_base=lo, key_stop=hi, row_from=hi)
         solve_backward(x, k, src, alpha, g, y, beta, lse1, linv, partial if hi < T else None, doc_start,
                        doc_end, lo, hi, scale, cfg)
+    score_cotangents(src, alpha, beta, g, pu, c, dvec, dbeta)
 
 
 def backward_pass(
@@ -81,7 +84,7 @@ def backward_pass(
     cfg: LaunchConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients dq, dk, dv, dβ and dw: fp32, except that with w = q (dw None, dq holds both stages) dq and
-    dk come in q's dtype."""
+    dk come in q's dtype, and dv in v's dtype from the wavefront backward (``cfg.wave_backward``)."""
     x = q if w is None else w
     f32 = dict(device=q.device, dtype=torch.float32)
     do = do.contiguous()
@@ -98,12 +101,13 @@ def backward_pass(
         dk2 = new_buffer(k.shape, **f32)
         src = new_buffer(v.shape, **f32)
         col_backward(q, k, u, do, lse2, d2, dk2, src, doc_start, doc_end, scale, cfg, strict=False)
-    g = new_buffer(v.shape, **f32)
-    y = new_buffer(v.shape, **f32)
-    _transposed_solve(x, k, src, alpha, g, y, beta, lse1, doc_start, doc_end, scale, cfg)
+    # G (= dv) straight in v's dtype where the wavefront also forms the row scalars from it; the superblock
+    # path's row pass reads it back, so it stays fp32 there. Y in the input dtype: its readers round it so.
+    g = new_buffer(v.shape, device=v.device, dtype=v.dtype if cfg.wave_backward else torch.float32)
+    y = new_buffer(v.shape, device=x.device, dtype=x.dtype)
     dvec = new_buffer(lse1.shape, **f32)
     dbeta = new_buffer(beta.shape, device=beta.device, dtype=beta.dtype)
-    score_cotangents(y, g, pu, c, dvec, dbeta)
+    _transposed_solve(x, k, src, alpha, g, y, beta, lse1, pu, c, dvec, dbeta, doc_start, doc_end, scale, cfg)
     # w = q: dq, dk straight in the input dtype (nothing is added to them afterwards)
     grad = dict(device=q.device, dtype=q.dtype if w is None else torch.float32)
     dx = new_buffer(x.shape, **grad)

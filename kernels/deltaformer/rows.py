@@ -189,8 +189,8 @@ def _stage2_weights_kernel(
 
 @triton.jit
 def _score_cotangents_kernel(
-    Y, G, PU, C, DVEC, DBETA, n_rows, T, H,
-    DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, HAS_C: tl.constexpr,
+    SRC, ALPHA, BETA, G, PU, C, DVEC, DBETA, n_rows, T, H,
+    DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, HAS_ALPHA: tl.constexpr,
 ):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     ok = r < n_rows
@@ -199,10 +199,15 @@ def _score_cotangents_kernel(
     offs_v = tl.arange(0, BV)
     vm = ok[:, None] & (offs_v < DV)[None, :]
     pu = tl.load(PU + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
-    y = tl.load(Y + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0)
     g = tl.load(G + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0)
+    beta = tl.load(BETA + r, mask=ok, other=0.0).to(tl.float32)
+    # Y = α·src − β·G again in fp32, as the solve formed it: the stored Y is rounded to the input dtype
+    y = -beta[:, None] * g
+    if HAS_ALPHA:
+        src = tl.load(SRC + r[:, None] * DV + offs_v[None, :], mask=vm, other=0.0).to(tl.float32)
+        y += tl.load(ALPHA + r, mask=ok, other=0.0)[:, None] * src
     dvec = tl.sum(y * pu, 1)
-    if HAS_C:
+    if HAS_ALPHA:
         dvec -= tl.load(C + r, mask=ok, other=0.0)
     tl.store(DVEC + bh * T + t, dvec, mask=ok)
     tl.store(DBETA + r, (-tl.sum(g * pu, 1)).to(DBETA.dtype.element_ty), mask=ok)
@@ -225,15 +230,17 @@ def stage2_weights(
 
 
 def score_cotangents(
-    y: torch.Tensor, g: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None, dvec: torch.Tensor,
-    dbeta: torch.Tensor,
+    src: torch.Tensor, alpha: torch.Tensor | None, beta: torch.Tensor, g: torch.Tensor, pu: torch.Tensor,
+    c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor,
 ) -> None:
     """Fill ``dvec`` (fp32 [B, H, T]) with D_t = Y_t · (P U)_t − c_t, the softmax-backward row term of
-    stage 1, and ``dbeta`` ([B, T, H], β's dtype) with dβ_t = −G_t · (P U)_t."""
-    B, T, H, DV = y.shape
+    stage 1, and ``dbeta`` ([B, T, H], β's dtype) with dβ_t = −G_t · (P U)_t, from the fp32 G of the
+    superblock backward solve (the wavefront backward computes both itself). ``alpha`` and ``c`` come
+    together (w = q)."""
+    B, T, H, DV = g.shape
     n_rows = B * T * H
     launch(
         _score_cotangents_kernel, (cdiv(n_rows, _ROWS),),
-        y, g, pu, c if c is not None else dvec, dvec, dbeta, n_rows, T, H,
-        DV=DV, BV=next_power_of_2(DV), BR=_ROWS, HAS_C=c is not None,
+        src, alpha if alpha is not None else dvec, beta, g, pu, c if c is not None else dvec, dvec, dbeta,
+        n_rows, T, H, DV=DV, BV=next_power_of_2(DV), BR=_ROWS, HAS_ALPHA=alpha is not None,
     )

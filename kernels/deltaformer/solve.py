@@ -79,7 +79,7 @@ def _solve_bwd_kernel(
         inv = tl.load(LINV + (pid_bh * n_chunks + c0 // BT) * BT * BT + offs[:, None] * BT + offs[None, :])
         g_c = tl.dot(tl.trans(inv), rhs, input_precision=INV_PREC)
         tl.store(G + gy_ptrs, g_c, mask=gy_mask)
-        tl.store(Y + gy_ptrs, weighted - beta[:, None] * g_c, mask=gy_mask)
+        tl.store(Y + gy_ptrs, (weighted - beta[:, None] * g_c).to(Y.dtype.element_ty), mask=gy_mask)
         tl.debug_barrier()  # the previous chunk reads these rows of Y back
 
 

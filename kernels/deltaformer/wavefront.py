@@ -150,7 +150,8 @@ def _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid
 
 @triton.jit
 def _wave_bwd_kernel(
-    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, FLAGS, DOC_START, DOC_END, T, H, BH, n_chunks, qk_scale,
+    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, PU, C, DVEC, DBETA, FLAGS, DOC_START, DOC_END,
+    T, H, BH, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
@@ -209,9 +210,20 @@ def _wave_bwd_kernel(
                                    qk_scale, D, DV, BD, BV, BT, True, VARLEN, DOT_PREC)
     g_c = tl.dot(tl.trans(inv), acc, input_precision=INV_PREC)
     y_c = alpha[:, None] * src - beta[:, None] * g_c if HAS_ALPHA else -beta[:, None] * g_c
-    tl.store(Y + gy_ptrs, y_c, mask=gy_mask)
-    _raise_flag(flags, c)  # earlier chunks read Y only; G follows off the chain
-    tl.store(G + gy_ptrs, g_c, mask=gy_mask)
+    # Y in the input dtype: every reader rounds it to that dtype for its products anyway, and the later-row
+    # streams here and in the key kernel read half the bytes of fp32
+    tl.store(Y + gy_ptrs, y_c.to(Y.dtype.element_ty), mask=gy_mask)
+    _raise_flag(flags, c)  # earlier chunks read Y only; the rest follows off the chain
+    tl.store(G + gy_ptrs, g_c.to(G.dtype.element_ty), mask=gy_mask)
+    # the score gradients' row scalars from the fp32 rows still in registers: D_t = Y_t·(P U)_t − c_t and
+    # dβ_t = −G_t·(P U)_t (``rows.score_cotangents`` on the superblock path)
+    row_ptrs = (b * T + cols) * H + h
+    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    dvec = tl.sum(y_c * pu, 1)
+    if HAS_ALPHA:
+        dvec -= tl.load(C + row_ptrs, mask=col_ok, other=0.0)
+    tl.store(DVEC + pid_bh * T + cols, dvec, mask=col_ok)
+    tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu, 1)).to(DBETA.dtype.element_ty), mask=col_ok)
 
 
 def superblock_wave_solve(
@@ -241,10 +253,12 @@ def superblock_wave_solve(
 
 def wave_backward(
     x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
-    doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
+    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None,
+    dvec: torch.Tensor, dbeta: torch.Tensor, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None,
+    scale: float, cfg: LaunchConfig,
 ) -> None:
-    """The whole transposed solve: G (= dv) and Y = α·src − β·G, fp32, in place."""
+    """The whole transposed solve, in place: G (= dv, in g's dtype), Y = α·src − β·G (in y's dtype), and
+    the row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``)."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
     chunk = cfg.chunk
@@ -254,7 +268,8 @@ def wave_backward(
     warps, stages = cfg.wave_backward_launch
     launch(
         _wave_bwd_kernel, (n_chunks * B * H,),
-        x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
+        x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv, pu,
+        c if c is not None else dvec, dvec, dbeta,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,

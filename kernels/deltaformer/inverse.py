@@ -1,7 +1,7 @@
 """Inverses of the unit lower-triangular diagonal blocks, (I − X)⁻¹ with X = −β P_cc, by doubling.
 
 (I − X)⁻¹ = Π_j (I + X^(2^j)): X is nilpotent, so log2(chunk) tensor-core products are exact.
-``diag_inverse`` is the separate launch of the superblock backward solve.
+``diag_inverse`` is the separate launch of both backward solves.
 """
 
 from __future__ import annotations

@@ -52,19 +52,21 @@ def forward_pass(
 
 
 def _transposed_solve(
-    x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse1: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None,
-    dvec: torch.Tensor, dbeta: torch.Tensor, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None,
-    scale: float, cfg: LaunchConfig,
+    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None,
+    g: torch.Tensor, y: torch.Tensor, beta: torch.Tensor, lse1: torch.Tensor, pu: torch.Tensor,
+    c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """G, Y and the row scalars D (``dvec``) and dβ in place: one wavefront launch, or superblocks from the
-    end, each after a key launch, and then a row pass for the scalars."""
+    """G, Y, the row scalars D (``dvec``) and dβ, and the stage-1 key gradient ``dk``, in place: one
+    wavefront launch, or superblocks from the end (each after a key launch), a row pass for the scalars and
+    a key pass for dk."""
     T = x.shape[1]
-    if cfg.wave_backward:
-        wave_backward(x, k, src, alpha, g, y, beta, lse1, pu, c, dvec, dbeta, doc_start, doc_end, scale, cfg)
-        return
     linv = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk,
                         dot_prec=dot_precision(x.dtype), inv_prec=inverse_precision(x.dtype))
+    if cfg.wave_backward:
+        wave_backward(x, k, u, src, alpha, g, y, beta, lse1, linv, pu, c, dvec, dbeta, dk, doc_start, doc_end,
+                      scale, cfg)
+        return
     partial = None
     for lo, hi in reversed(_superblocks(T, cfg.backward_superblock)):
         if hi < T:
@@ -75,6 +77,7 @@ def _transposed_solve(
         solve_backward(x, k, src, alpha, g, y, beta, lse1, linv, partial if hi < T else None, doc_start,
                        doc_end, lo, hi, scale, cfg)
     score_cotangents(src, alpha, beta, g, pu, c, dvec, dbeta)
+    col_backward(x, k, u, y, lse1, dvec, dk, None, doc_start, doc_end, scale, cfg, strict=True, diag_c=c)
 
 
 def backward_pass(
@@ -107,13 +110,13 @@ def backward_pass(
     y = new_buffer(v.shape, device=x.device, dtype=x.dtype)
     dvec = new_buffer(lse1.shape, **f32)
     dbeta = new_buffer(beta.shape, device=beta.device, dtype=beta.dtype)
-    _transposed_solve(x, k, src, alpha, g, y, beta, lse1, pu, c, dvec, dbeta, doc_start, doc_end, scale, cfg)
     # w = q: dq, dk straight in the input dtype (nothing is added to them afterwards)
     grad = dict(device=q.device, dtype=q.dtype if w is None else torch.float32)
+    dk = new_buffer(k.shape, **grad)
+    _transposed_solve(x, k, u, src, alpha, g, y, beta, lse1, pu, c, dvec, dbeta, dk, doc_start, doc_end,
+                      scale, cfg)
     dx = new_buffer(x.shape, **grad)
     row_backward(x, k, u, y, lse1, dvec, dx, doc_start, scale, cfg, strict=True, diag_c=c)
-    dk = new_buffer(k.shape, **grad)
-    col_backward(x, k, u, y, lse1, dvec, dk, None, doc_start, doc_end, scale, cfg, strict=True, diag_c=c)
     if w is None:
         return dx, dk, g, dbeta, None
     return dq2, dk + dk2, g, dbeta, dx

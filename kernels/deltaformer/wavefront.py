@@ -3,7 +3,8 @@
 Forward (per superblock, after ``prep.py``): chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks
 (the last WAVE_DEFER one by one as their flags rise), applies the prepared inverse, stores U_c and raises
 its flag, then writes P·U and, for w = q, o. Backward: the whole transposed solve in one launch, over later
-chunks. A program derives its chunk from a ticket taken from an atomic counter, chunk-major, so it only
+chunks; the rows each program streams also give its keys' gradient (the key kernel's pass on the superblock
+path). A program derives its chunk from a ticket taken from an atomic counter, chunk-major, so it only
 waits for programs with earlier tickets, resident or finished: no deadlock whatever order programs start
 in (the decoupled look-back of single-pass scans). A flag is raised only after all earlier chunks' waits,
 so one flag vouches for all of them. The interpreter runs programs in ticket order.
@@ -16,9 +17,8 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E, new_buffer, precisions, tile_ptrs
+from titan_delta_kernels.deltaformer._common import LOG2_E, precisions, tile_ptrs
 from titan_delta_kernels.deltaformer.config import WAVE_DEFER, LaunchConfig
-from titan_delta_kernels.deltaformer.inverse import store_unit_lower_inverse
 
 
 @triton.jit
@@ -124,10 +124,12 @@ def _superblock_wave_kernel(
 
 
 @triton.jit
-def _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi, qk_scale,
-                     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                     WAIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + P[rows of chunk j, cols]ᵀ·Y[rows of chunk j], as ``_add_chunk`` for the transposed solve."""
+def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H, b, h, pid_bh, j,
+                     t_hi, qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+                     BT: tl.constexpr, WAIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """(acc + P[rows of chunk j, cols]ᵀ·Y[rows of chunk j], acc_k + the same rows' part of the key
+    gradient, dSᵀ·W with dS = P∘(Y·Uᵀ − D)): the transposed solve's sum and the key kernel's
+    (``cols.py``) from one pass over the rows; the chunk's D and Y are ready once its flag is up."""
     rows = j * BT + tl.arange(0, BT)
     row_ok = rows < t_hi
     offs_d = tl.arange(0, BD)
@@ -139,21 +141,25 @@ def _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid
     if VARLEN:
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (row_doc[None, :] <= cols[:, None])
-    pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0).to(kt.dtype)
+    pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
     if WAIT:
         _wait_for(flags, j)
     offs_v = tl.arange(0, BV)
     y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
-                mask=(rows < t_hi)[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg")
-    return acc + tl.dot(pt, y.to(pt.dtype), input_precision=DOT_PREC)
+                mask=row_ok[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg").to(kt.dtype)
+    dvec = tl.load(DVEC + pid_bh * T + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+    acc += tl.dot(pt.to(kt.dtype), y, input_precision=DOT_PREC)
+    dpt = tl.dot(vals, tl.trans(y), input_precision=DOT_PREC)  # [keys, rows]
+    acc_k += tl.dot((pt * (dpt - dvec[None, :])).to(kt.dtype), w, input_precision=DOT_PREC)
+    return acc, acc_k
 
 
 @triton.jit
 def _wave_bwd_kernel(
-    X, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, PU, C, DVEC, DBETA, FLAGS, DOC_START, DOC_END,
-    T, H, BH, n_chunks, qk_scale,
+    X, K, U, SRC, ALPHA, G, Y, BETA, LSE, LINV, PU, C, DVEC, DBETA, DK, FLAGS, DOC_START, DOC_END,
+    T, H, BH, n_chunks, qk_scale, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    LOG2_BT: tl.constexpr, DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
+    DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
@@ -170,60 +176,78 @@ def _wave_bwd_kernel(
     cols = c0 + offs
     col_ok = cols < T
     wk_ptrs = ((b * T + cols) * H + h)[:, None] * D + offs_d[None, :]
+    wk_mask = col_ok[:, None] & d_ok[None, :]
     gy_ptrs = ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :]
     gy_mask = col_ok[:, None] & (offs_v < DV)[None, :]
-    kt = tl.load(K + wk_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-    w_c = tl.load(X + wk_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    row_ptrs = (b * T + cols) * H + h
+    kt = tl.load(K + wk_ptrs, mask=wk_mask, other=0.0)
+    vals = tl.load(U + gy_ptrs, mask=gy_mask, other=0.0).to(kt.dtype)
     lse_c = tl.load(LSE + pid_bh * T + cols, mask=col_ok, other=0.0)
-    beta = tl.load(BETA + (b * T + cols) * H + h, mask=col_ok, other=0.0).to(tl.float32)
-    in_block = (offs[None, :] < offs[:, None]) & col_ok[:, None]  # [rows, keys] of this chunk
+    beta = tl.load(BETA + row_ptrs, mask=col_ok, other=0.0).to(tl.float32)
     if VARLEN:
         doc_c = tl.load(DOC_START + cols, mask=col_ok, other=0)
-        in_block = in_block & (cols[None, :] >= doc_c[:, None])
-    s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
-    p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
-    inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
-    # built first and parked in scratch memory: the key loop needs the registers
-    store_unit_lower_inverse(inv_base, -p_cc * beta[:, None], BT, LOG2_BT, INV_PREC)
-    tl.debug_barrier()
     # First what waits for no later chunk: the source and, for w = q, P_ccᵀ (α dO)_c (see ``solve.py``).
-    src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    acc = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
     if HAS_ALPHA:
-        alpha = tl.load(ALPHA + (b * T + cols) * H + h, mask=col_ok, other=0.0)
-        weighted = alpha[:, None] * src
-        acc = src - weighted + tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype),
-                                      input_precision=DOT_PREC)
-    else:
-        acc = src
+        in_block = (offs[None, :] < offs[:, None]) & col_ok[:, None]  # [rows, keys] of this chunk
+        if VARLEN:
+            in_block = in_block & (cols[None, :] >= doc_c[:, None])
+        w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)
+        s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
+        p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
+        alpha = tl.load(ALPHA + row_ptrs, mask=col_ok, other=0.0)
+        weighted = alpha[:, None] * acc
+        acc += tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype), input_precision=DOT_PREC) - weighted
+    acc_k = tl.zeros([BT, BD], dtype=tl.float32)
     t_hi = tl.minimum(T, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else T
     j_last = (t_hi - 1) // BT
     if c + DEFER + 1 <= j_last:
         _wait_for(flags, c + DEFER + 1)
     for j in range(c + DEFER + 1, j_last + 1):  # long-solved later chunks
-        acc = _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi,
-                               qk_scale, D, DV, BD, BV, BT, False, VARLEN, DOT_PREC)
-    inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
+        acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H, b,
+                                      h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, False, VARLEN,
+                                      DOT_PREC)  # fmt: skip
+    inv = tl.load(LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :])
     for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
         j = c + DEFER - i
         if j <= j_last:
-            acc = _add_later_chunk(acc, kt, cols, X, LSE, Y, DOC_START, flags, T, H, b, h, pid_bh, j, t_hi,
-                                   qk_scale, D, DV, BD, BV, BT, True, VARLEN, DOT_PREC)
+            acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H,
+                                          b, h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, True, VARLEN,
+                                          DOT_PREC)  # fmt: skip
     g_c = tl.dot(tl.trans(inv), acc, input_precision=INV_PREC)
-    y_c = alpha[:, None] * src - beta[:, None] * g_c if HAS_ALPHA else -beta[:, None] * g_c
-    # Y in the input dtype: every reader rounds it to that dtype for its products anyway, and the later-row
-    # streams here and in the key kernel read half the bytes of fp32
-    tl.store(Y + gy_ptrs, y_c.to(Y.dtype.element_ty), mask=gy_mask)
-    _raise_flag(flags, c)  # earlier chunks read Y only; the rest follows off the chain
-    tl.store(G + gy_ptrs, g_c.to(G.dtype.element_ty), mask=gy_mask)
-    # the score gradients' row scalars from the fp32 rows still in registers: D_t = Y_t·(P U)_t − c_t and
-    # dβ_t = −G_t·(P U)_t (``rows.score_cotangents`` on the superblock path)
-    row_ptrs = (b * T + cols) * H + h
-    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
-    dvec = tl.sum(y_c * pu, 1)
+    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0)
+    if HAS_ALPHA:  # the source loaded again rather than held across the key loop: registers are short there
+        y_c = alpha[:, None] * tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+        y_c -= beta[:, None] * g_c
+    else:
+        y_c = -beta[:, None] * g_c
+    # The score gradients' row term D_t = Y_t·(P U)_t − c_t from the fp32 rows in registers (the superblock
+    # path: ``rows.score_cotangents``). Y is stored in the input dtype: every reader rounds it so for its
+    # products, and the later-row streams read half the bytes of fp32.
+    dvec = tl.sum(y_c * pu.to(tl.float32), 1)
     if HAS_ALPHA:
-        dvec -= tl.load(C + row_ptrs, mask=col_ok, other=0.0)
+        c_diag = tl.load(C + row_ptrs, mask=col_ok, other=0.0)
+        dvec -= c_diag
+    tl.store(Y + gy_ptrs, y_c.to(Y.dtype.element_ty), mask=gy_mask)
     tl.store(DVEC + pid_bh * T + cols, dvec, mask=col_ok)
-    tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu, 1)).to(DBETA.dtype.element_ty), mask=col_ok)
+    _raise_flag(flags, c)  # earlier chunks read Y and D only; the rest follows off the chain
+    tl.store(G + gy_ptrs, g_c.to(G.dtype.element_ty), mask=gy_mask)
+    tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu.to(tl.float32), 1)).to(DBETA.dtype.element_ty), mask=col_ok)
+    w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)  # loaded again: registers are short in the loop
+    # The key gradient's own block: this chunk's keys against its later rows, as the loop's, with Y read back
+    # as stored (the barrier before the flag made this program's stores visible to all its threads).
+    st = tl.dot(kt, tl.trans(w_c), input_precision=DOT_PREC) * qk_scale  # [keys, rows]
+    allowed = (offs[None, :] > offs[:, None]) & col_ok[None, :]
+    if VARLEN:
+        allowed = allowed & (doc_c[None, :] <= cols[:, None])
+    pt = tl.where(allowed, tl.exp2(st - lse_c[None, :]), 0.0)
+    y_own = tl.load(Y + gy_ptrs, mask=gy_mask, other=0.0).to(kt.dtype)
+    dpt = tl.dot(vals, tl.trans(y_own), input_precision=DOT_PREC)
+    acc_k += tl.dot((pt * (dpt - dvec[None, :])).to(kt.dtype), w_c, input_precision=DOT_PREC)
+    acc_k = acc_k * scale
+    if HAS_ALPHA:  # w = q: the diagonal score s_ii of stage 2 has gradient −c_i
+        acc_k -= scale * c_diag[:, None] * w_c.to(tl.float32)
+    tl.store(DK + wk_ptrs, acc_k.to(DK.dtype.element_ty), mask=wk_mask)
 
 
 def superblock_wave_solve(
@@ -252,27 +276,29 @@ def superblock_wave_solve(
 
 
 def wave_backward(
-    x: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, pu: torch.Tensor, c: torch.Tensor | None,
-    dvec: torch.Tensor, dbeta: torch.Tensor, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None,
-    scale: float, cfg: LaunchConfig,
+    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None,
+    g: torch.Tensor, y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
+    pu: torch.Tensor, c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """The whole transposed solve, in place: G (= dv, in g's dtype), Y = α·src − β·G (in y's dtype), and
-    the row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``)."""
+    """The whole transposed solve, in place: G (= dv, in g's dtype), Y = α·src − β·G (in y's dtype), the
+    row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``) and the key
+    gradient of the stage-1 scores (``dk``, what ``cols.col_backward`` computes there). ``linv``: the
+    diagonal blocks' inverses (``inverse.diag_inverse``) (built inside, they would set the
+    kernel's register count)."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
     chunk = cfg.chunk
     n_chunks = cdiv(T, chunk)
     flags = torch.zeros(B * H * n_chunks + 1, device=x.device, dtype=torch.int32)  # and a ticket counter
-    linv = new_buffer((B * H, n_chunks, chunk, chunk), device=x.device, dtype=torch.float32)
     warps, stages = cfg.wave_backward_launch
     launch(
         _wave_bwd_kernel, (n_chunks * B * H,),
-        x, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv, pu,
-        c if c is not None else dvec, dvec, dbeta,
+        x, k, u, src, alpha if alpha is not None else lse, g, y, beta, lse, linv, pu,
+        c if c is not None else dvec, dvec, dbeta, dk,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
-        T, H, B * H, n_chunks, scale * LOG2_E,
-        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
-        LOG2_BT=chunk.bit_length() - 1, DEFER=WAVE_DEFER, HAS_ALPHA=alpha is not None,
-        VARLEN=doc_start is not None, **precisions(x.dtype), num_warps=warps, num_stages=stages,
+        T, H, B * H, n_chunks, scale * LOG2_E, scale,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
+        HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, **precisions(x.dtype),
+        num_warps=warps, num_stages=stages,
     )

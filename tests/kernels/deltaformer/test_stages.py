@@ -95,14 +95,17 @@ def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float
 @pytest.mark.parametrize(("D", "Dv", "wave"),
                          [(16, 16, True), (64, 32, True), (16, 80, False), (72, 16, False)])
 def test_width_picks_the_backward_solve(D: int, Dv: int, wave: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """width <= 64: one wavefront launch; wider: the superblock solve after the separate inverse launch."""
+    """After the inverse launch, width <= 64: one wavefront launch that also forms dk (no key pass); wider:
+    the superblock solve (a key launch for the later rows before each superblock but the last), then the
+    key pass for dk."""
     called: list[str] = []
-    for name in ("wave_backward", "solve_backward", "diag_inverse"):
+    for name in ("wave_backward", "solve_backward", "diag_inverse", "col_backward"):
         real = getattr(passes, name)
         monkeypatch.setattr(passes, name, lambda *a, _real=real, _name=name, **kw: called.append(_name)
                             or _real(*a, **kw))
     check_against_oracle(1, 40, 1, D, Dv, False, None)
-    assert called == (["wave_backward"] if wave else ["diag_inverse", "solve_backward", "solve_backward"])
+    superblocks = ["solve_backward", "col_backward", "solve_backward", "col_backward"]
+    assert called == ["diag_inverse"] + (["wave_backward"] if wave else superblocks)
 
 
 def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:

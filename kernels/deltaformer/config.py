@@ -29,6 +29,7 @@ class LaunchConfig:
     prep: tuple[int, int, int, int]  # rows, keys, warps, stages of the preparation launch
     prep_registers: int  # register cap of the preparation launch (0: the compiler's choice)
     wave_forward_launch: tuple[int, int]  # warps, stages of the forward wavefront
+    wave_forward_registers: int  # register cap of the forward wavefront (0: the compiler's choice)
     wave_backward_launch: tuple[int, int]  # warps, stages of the backward wavefront
     solve_launch: tuple[int, int]  # warps, stages of the superblock backward solve
     value_block: int  # value columns per program of the superblock backward solve
@@ -50,7 +51,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
     if cpu_interpreter:
         tiny = (16, 16, 4, 1)
         return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
-                            prep=tiny, prep_registers=0, wave_forward_launch=(4, 2),
+                            prep=tiny, prep_registers=0, wave_forward_launch=(4, 2), wave_forward_registers=0,
                             wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
     # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's are twice
     # as long: its solve is a wavefront, and each superblock costs two launches of host time.
@@ -71,6 +72,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
             prep=(16, 32, 8, 1),  # 8 warps: no spill where 4 spill with the sums over earlier superblocks
             prep_registers=0,
             wave_forward_launch=(8, 1),  # 8 warps: no spill at D = 128, where 4 spill
+            wave_forward_registers=0,
             wave_backward_launch=(8, 1),
             solve_launch=(4, 1),  # unused (wavefront backward); kept valid should a width take superblocks
             value_block=value_block,
@@ -86,6 +88,8 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,
         wave_forward_launch=(4, 3) if small else (8, 2),
+        # capped, 3 blocks per SM fit at D <= 64 (the fp16 inverses' conversion took it to 2) for 8 B of spill
+        wave_forward_registers=168 if small else 0,
         wave_backward_launch=(4, 3),
         solve_launch=(4 if small else 8, 2),
         value_block=value_block,

@@ -36,10 +36,11 @@ def _doubling(x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr
 
 
 @triton.jit
-def store_unit_lower_inverse(BASE, x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
+def store_unit_lower_inverse(BASE, SCALE, x, BT: tl.constexpr, LOG2_BT: tl.constexpr, INV_PREC: tl.constexpr):
     """Store (I − x)⁻¹ of a strictly lower-triangular BT×BT x row-major at BASE (other threads' loads need a
-    barrier). Under ``tf32`` the products take fp16 operands when the rows of |x| sum to at most
-    FP16_SAFE_ROW_SUM: fp16 keeps tf32's 11 significant bits (and, below 2^-14, an absolute error under
+    barrier); into an fp16 buffer divided by a power of two (stored at SCALE) that keeps its entries under
+    2^15 (``inverse_buffers``). Under ``tf32`` the products take fp16 operands when the rows of |x| sum to at
+    most FP16_SAFE_ROW_SUM: fp16 keeps tf32's 11 significant bits (and, below 2^-14, an absolute error under
     2^-25) at twice the rate and half the shared-memory bytes."""
     offs = tl.arange(0, BT)
     ptrs = BASE + offs[:, None] * BT + offs[None, :]
@@ -50,12 +51,38 @@ def store_unit_lower_inverse(BASE, x, BT: tl.constexpr, LOG2_BT: tl.constexpr, I
             inv = _doubling(x, BT, LOG2_BT, INV_PREC, False)
     else:
         inv = _doubling(x, BT, LOG2_BT, INV_PREC, False)
-    tl.store(ptrs, inv)
+    if BASE.dtype.element_ty == tl.float16:
+        largest = tl.max(tl.max(tl.abs(inv), 1), 0)
+        factor = tl.where(largest > 32768.0, tl.exp2(tl.ceil(tl.log2(largest)) - 15.0), 1.0)
+        tl.store(SCALE, factor)
+        inv = inv / factor
+    tl.store(ptrs, inv.to(BASE.dtype.element_ty))
+
+
+@triton.jit
+def load_unit_lower_inverse(BASE, SCALE, BT: tl.constexpr):
+    """The inverse ``store_unit_lower_inverse`` left at BASE, as stored, and the factor its products take."""
+    offs = tl.arange(0, BT)
+    return tl.load(BASE + offs[:, None] * BT + offs[None, :]), tl.load(SCALE)
+
+
+def inverse_buffers(
+    programs: int, n_chunks: int, chunk: int, input_dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[programs, n_chunks, chunk, chunk] inverses and an fp32 [programs, n_chunks] factor each. 16-bit
+    inputs: fp16, which keeps the 11 significant bits their tf32 products round the inverses to (half the
+    bytes to write and read), scaled by a power of two where an entry would pass 2^15 (β > 1 can make
+    them grow geometrically); fp32 inputs: fp32, factors one."""
+    if input_dtype == torch.float32:
+        linv = new_buffer((programs, n_chunks, chunk, chunk), device=device, dtype=torch.float32)
+        return linv, torch.ones((programs, n_chunks), device=device, dtype=torch.float32)
+    linv = new_buffer((programs, n_chunks, chunk, chunk), device=device, dtype=torch.float16)
+    return linv, new_buffer((programs, n_chunks), device=device, dtype=torch.float32)
 
 
 @triton.jit
 def _diag_inverse_kernel(
-    W, K, BETA, LSE, LINV, DOC_START, T, H, n_chunks, qk_scale,
+    W, K, BETA, LSE, LINV, SCALES, DOC_START, T, H, n_chunks, qk_scale,
     D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
@@ -79,22 +106,24 @@ def _diag_inverse_kernel(
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (rows[None, :] >= row_doc[:, None])
     x = -tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0) * beta[:, None]
-    store_unit_lower_inverse(LINV + (pid_bh * n_chunks + pid_c) * BT * BT, x, BT, LOG2_BT, INV_PREC)
+    index = pid_bh * n_chunks + pid_c
+    store_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, x, BT, LOG2_BT, INV_PREC)
 
 
 def diag_inverse(
     w: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, doc_start: torch.Tensor | None,
     *, scale: float, chunk: int, dot_prec: str, inv_prec: str,
-) -> torch.Tensor:
-    """fp32 [B·H, n_chunks, chunk, chunk] inverses of every diagonal block, one program per (chunk, b, h);
-    4 warps, one warp group per chunk×chunk tile (8 were slower)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverses of every diagonal block and their factors (``inverse_buffers``), one program per
+    (chunk, b, h); 4 warps, one warp group per chunk×chunk tile (8 were slower)."""
     B, T, H, D = w.shape
     n_chunks = cdiv(T, chunk)
-    linv = new_buffer((B * H, n_chunks, chunk, chunk), device=w.device, dtype=torch.float32)
+    linv, scales = inverse_buffers(B * H, n_chunks, chunk, w.dtype, w.device)
     launch(
         _diag_inverse_kernel, (n_chunks, B * H),
-        w, k, beta, lse, linv, doc_start if doc_start is not None else lse, T, H, n_chunks, scale * LOG2_E,
+        w, k, beta, lse, linv, scales, doc_start if doc_start is not None else lse, T, H, n_chunks,
+        scale * LOG2_E,
         D=D, BD=next_power_of_2(D), BT=chunk, LOG2_BT=chunk.bit_length() - 1, VARLEN=doc_start is not None,
         DOT_PREC=dot_prec, INV_PREC=inv_prec, num_warps=4,
     )
-    return linv
+    return linv, scales

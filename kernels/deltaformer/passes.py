@@ -12,7 +12,7 @@ from titan_delta_kernels._launch import cdiv
 from titan_delta_kernels.deltaformer._common import dot_precision, inverse_precision, new_buffer
 from titan_delta_kernels.deltaformer.cols import col_backward
 from titan_delta_kernels.deltaformer.config import LaunchConfig
-from titan_delta_kernels.deltaformer.inverse import diag_inverse
+from titan_delta_kernels.deltaformer.inverse import diag_inverse, inverse_buffers
 from titan_delta_kernels.deltaformer.prep import prep_superblock
 from titan_delta_kernels.deltaformer.rows import row_backward, row_forward, score_cotangents, stage2_weights
 from titan_delta_kernels.deltaformer.solve import solve_backward
@@ -32,7 +32,7 @@ def forward_pass(
     x = q if w is None else w
     f32 = dict(device=q.device, dtype=torch.float32)
     lse1 = new_buffer((B, H, T), **f32)
-    linv = new_buffer((B * H, -(-T // cfg.chunk), cfg.chunk, cfg.chunk), **f32)
+    linv, scales = inverse_buffers(B * H, cdiv(T, cfg.chunk), cfg.chunk, x.dtype, x.device)
     u = new_buffer(v.shape, device=v.device, dtype=v.dtype)
     pu = new_buffer(v.shape, device=v.device, dtype=v.dtype)
     o = new_buffer(v.shape, device=q.device, dtype=q.dtype)
@@ -41,8 +41,8 @@ def forward_pass(
     # one flag per (b, h, chunk), then one ticket counter per superblock
     flags = torch.zeros(B * H * cdiv(T, cfg.chunk) + len(blocks), device=q.device, dtype=torch.int32)
     for lo, hi in blocks:
-        prep_superblock(x, k, u, beta, lse1, partial, linv, doc_start, lo, hi, scale, cfg)
-        superblock_wave_solve(x, k, v, u, pu, o if w is None else None, beta, lse1, linv,
+        prep_superblock(x, k, u, beta, lse1, partial, linv, scales, doc_start, lo, hi, scale, cfg)
+        superblock_wave_solve(x, k, v, u, pu, o if w is None else None, beta, lse1, linv, scales,
                               partial if lo > 0 else None, doc_start, flags, lo, hi, scale, cfg)
     if w is None:
         return o, u, pu, lse1, lse1.new_empty((B, H, 0))
@@ -58,14 +58,14 @@ def _transposed_solve(
     doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
     """G, Y, the row scalars D (``dvec``) and dβ, and the stage-1 key gradient ``dk``, in place: one
-    wavefront launch, or superblocks from the end (each after a key launch), a row pass for the scalars and
-    a key pass for dk."""
+    wavefront launch (which also fills stage 2's ``c`` for w = q; ``alpha`` is None), or superblocks from
+    the end (each after a key launch), a row pass for the scalars and a key pass for dk."""
     T = x.shape[1]
-    linv = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk,
-                        dot_prec=dot_precision(x.dtype), inv_prec=inverse_precision(x.dtype))
+    linv, scales = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk,
+                                dot_prec=dot_precision(x.dtype), inv_prec=inverse_precision(x.dtype))
     if cfg.wave_backward:
-        wave_backward(x, k, u, src, alpha, g, y, beta, lse1, linv, pu, c, dvec, dbeta, dk, doc_start, doc_end,
-                      scale, cfg)
+        wave_backward(x, k, u, src, g, y, beta, lse1, linv, scales, pu, c, dvec, dbeta, dk, doc_start,
+                      doc_end, scale, cfg)
         return
     partial = None
     for lo, hi in reversed(_superblocks(T, cfg.backward_superblock)):
@@ -74,8 +74,8 @@ def _transposed_solve(
                 partial = new_buffer(src.shape, device=x.device, dtype=torch.float32)
             col_backward(x, k, None, y, lse1, None, None, partial, doc_start, doc_end, scale, cfg,
                          strict=True, key_base=lo, key_stop=hi, row_from=hi)
-        solve_backward(x, k, src, alpha, g, y, beta, lse1, linv, partial if hi < T else None, doc_start,
-                       doc_end, lo, hi, scale, cfg)
+        solve_backward(x, k, src, alpha, g, y, beta, lse1, linv, scales, partial if hi < T else None,
+                       doc_start, doc_end, lo, hi, scale, cfg)
     score_cotangents(src, alpha, beta, g, pu, c, dvec, dbeta)
     col_backward(x, k, u, y, lse1, dvec, dk, None, doc_start, doc_end, scale, cfg, strict=True, diag_c=c)
 
@@ -91,10 +91,11 @@ def backward_pass(
     x = q if w is None else w
     f32 = dict(device=q.device, dtype=torch.float32)
     do = do.contiguous()
-    if w is None:
-        alpha = new_buffer(beta.shape, **f32)
+    if w is None:  # stage 2's diagonal weights: the wavefront backward forms α and c itself
+        alpha = None if cfg.wave_backward else new_buffer(beta.shape, **f32)
         c = new_buffer(beta.shape, **f32)
-        stage2_weights(q, k, do, pu, u, lse1, doc_start, alpha, c, scale=scale)
+        if alpha is not None:
+            stage2_weights(q, k, do, pu, u, lse1, doc_start, alpha, c, scale=scale)
         src = do
     else:  # stage 2 on its own: flash-attention backward over (q, k, U)
         alpha, c = None, None

@@ -33,7 +33,7 @@ def _online_step(x, kt, s_mask, m_i, l_i, qk_scale, DOT_PREC: tl.constexpr, MASK
 
 @triton.jit
 def _prep_kernel(
-    X, K, U, BETA, LSE, R, LINV, DOC_START, T, H, row_lo, row_hi, n_chunks, qk_scale,
+    X, K, U, BETA, LSE, R, LINV, SCALES, DOC_START, T, H, row_lo, row_hi, n_chunks, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     CHUNK: tl.constexpr, LOG2_CHUNK: tl.constexpr, HAS_VALUES: tl.constexpr, FULL_TILES: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
@@ -121,23 +121,25 @@ def _prep_kernel(
             allowed = allowed & (crow[None, :] >= doc_c[:, None])
         neg = -tl.where(allowed, tl.exp2(s - lse_c[:, None]), 0.0) * beta_c[:, None]
         if c0 < row_hi:  # superblocks hold whole chunks
-            store_unit_lower_inverse(LINV + (pid_bh * n_chunks + c0 // CHUNK) * CHUNK * CHUNK, neg, CHUNK,
-                                     LOG2_CHUNK, INV_PREC)
+            index = pid_bh * n_chunks + c0 // CHUNK
+            store_unit_lower_inverse(LINV + index * CHUNK * CHUNK, SCALES + index, neg, CHUNK, LOG2_CHUNK,
+                                     INV_PREC)
 
 
 def prep_superblock(
     x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor,
-    partial: torch.Tensor | None, linv: torch.Tensor, doc_start: torch.Tensor | None, row_lo: int,
-    row_hi: int, scale: float, cfg: LaunchConfig,
+    partial: torch.Tensor | None, linv: torch.Tensor, scales: torch.Tensor, doc_start: torch.Tensor | None,
+    row_lo: int, row_hi: int, scale: float, cfg: LaunchConfig,
 ) -> None:
-    """Rows [row_lo, row_hi): ``lse``, ``partial`` (Σ of P·U over keys before row_lo) and ``linv``."""
+    """Rows [row_lo, row_hi): ``lse``, ``partial`` (Σ of P·U over keys before row_lo), ``linv`` and its
+    ``scales`` (``inverse.inverse_buffers``)."""
     B, T, H, D = x.shape
     DV = u.shape[-1]
     rows, keys, warps, stages = cfg.prep
     chunk, cap = cfg.chunk, cfg.prep_registers
     launch(
         _prep_kernel, (cdiv(row_hi - row_lo, rows), B * H),
-        x, k, u, beta, lse, partial if partial is not None else lse, linv,
+        x, k, u, beta, lse, partial if partial is not None else lse, linv, scales,
         doc_start if doc_start is not None else lse, T, H, row_lo, row_hi, linv.shape[1], scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=rows, BK=keys,
         CHUNK=chunk, LOG2_CHUNK=chunk.bit_length() - 1, HAS_VALUES=row_lo > 0,

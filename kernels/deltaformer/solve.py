@@ -14,11 +14,13 @@ import triton.language as tl
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
 from titan_delta_kernels.deltaformer._common import LOG2_E, load_tile, precisions
 from titan_delta_kernels.deltaformer.config import LaunchConfig
+from titan_delta_kernels.deltaformer.inverse import load_unit_lower_inverse
 
 
 @triton.jit
 def _solve_bwd_kernel(
-    W, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, R, DOC_START, DOC_END, T, H, row_lo, row_hi, n_chunks, qk_scale,
+    W, K, SRC, ALPHA, G, Y, BETA, LSE, LINV, SCALES, R, DOC_START, DOC_END, T, H, row_lo, row_hi, n_chunks,
+    qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     HAS_R: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INV_PREC: tl.constexpr,
@@ -76,8 +78,9 @@ def _solve_bwd_kernel(
         else:
             weighted = tl.zeros([BT, BV], dtype=tl.float32)
             rhs = src + acc
-        inv = tl.load(LINV + (pid_bh * n_chunks + c0 // BT) * BT * BT + offs[:, None] * BT + offs[None, :])
-        g_c = tl.dot(tl.trans(inv), rhs, input_precision=INV_PREC)
+        index = pid_bh * n_chunks + c0 // BT
+        inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
+        g_c = tl.dot(tl.trans(inv.to(tl.float32)), rhs, input_precision=INV_PREC) * factor
         tl.store(G + gy_ptrs, g_c, mask=gy_mask)
         tl.store(Y + gy_ptrs, (weighted - beta[:, None] * g_c).to(Y.dtype.element_ty), mask=gy_mask)
         tl.debug_barrier()  # the previous chunk reads these rows of Y back
@@ -85,7 +88,8 @@ def _solve_bwd_kernel(
 
 def solve_backward(
     w: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
-    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, partial: torch.Tensor | None,
+    y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor,
+    partial: torch.Tensor | None,
     doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, row_lo: int, row_hi: int, scale: float,
     cfg: LaunchConfig,
 ) -> None:
@@ -96,7 +100,7 @@ def solve_backward(
     warps, stages = cfg.solve_launch
     launch(
         _solve_bwd_kernel, (B * H, cdiv(DV, cfg.value_block)),
-        w, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv,
+        w, k, src, alpha if alpha is not None else lse, g, y, beta, lse, linv, scales,
         partial if partial is not None else lse, doc_start if doc_start is not None else lse,
         doc_end if doc_end is not None else lse, T, H, row_lo, row_hi, linv.shape[1], scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=cfg.value_block, BT=cfg.chunk, HAS_R=partial is not None,

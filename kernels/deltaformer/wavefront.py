@@ -17,8 +17,9 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E, precisions, tile_ptrs
+from titan_delta_kernels.deltaformer._common import LOG2_E, interpreting, precisions, tile_ptrs
 from titan_delta_kernels.deltaformer.config import WAVE_DEFER, LaunchConfig
+from titan_delta_kernels.deltaformer.inverse import load_unit_lower_inverse
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scal
 
 @triton.jit
 def _superblock_wave_kernel(
-    X, K, V, U, PU, O, BETA, LSE, LINV, R, FLAGS, COUNTER, DOC_START,
+    X, K, V, U, PU, O, BETA, LSE, LINV, SCALES, R, FLAGS, COUNTER, DOC_START,
     T, H, BH, n_chunks, row_lo, row_hi, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     DEFER: tl.constexpr, HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
@@ -88,7 +89,6 @@ def _superblock_wave_kernel(
     else:
         row_doc = rows  # unused
         j_lo = row_lo // BT
-    inv_base = LINV + (pid_bh * n_chunks + c) * BT * BT
     acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0) if HAS_R else tl.zeros([BT, BV], dtype=tl.float32)
     j_def = tl.maximum(j_lo, c - DEFER)
     if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
@@ -98,13 +98,14 @@ def _superblock_wave_kernel(
                          BT, False, VARLEN, DOT_PREC)
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
-    inv = tl.load(inv_base + offs[:, None] * BT + offs[None, :])
+    index = pid_bh * n_chunks + c
+    inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
     for i in tl.static_range(DEFER):  # the last DEFER chunks: scores first, values once solved
         j = c - DEFER + i
         if j >= j_lo:
             acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D, DV, BD,
                              BV, BT, True, VARLEN, DOT_PREC)
-    u_c = tl.dot(inv, v - beta[:, None] * acc, input_precision=INV_PREC)
+    u_c = tl.dot(inv.to(tl.float32), v - beta[:, None] * acc, input_precision=INV_PREC) * factor
     tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
     _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
     k_c = tl.load(tile_ptrs(K, rows, b, h, T, H, D, offs_d), mask=wk_mask, other=0.0)
@@ -156,10 +157,10 @@ def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, fla
 
 @triton.jit
 def _wave_bwd_kernel(
-    X, K, U, SRC, ALPHA, G, Y, BETA, LSE, LINV, PU, C, DVEC, DBETA, DK, FLAGS, DOC_START, DOC_END,
+    X, K, U, SRC, G, Y, BETA, LSE, LINV, SCALES, PU, C, DVEC, DBETA, DK, FLAGS, DOC_START, DOC_END,
     T, H, BH, n_chunks, qk_scale, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    DEFER: tl.constexpr, HAS_ALPHA: tl.constexpr, VARLEN: tl.constexpr,
+    DEFER: tl.constexpr, PROBE_IS_Q: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
@@ -188,14 +189,18 @@ def _wave_bwd_kernel(
         doc_c = tl.load(DOC_START + cols, mask=col_ok, other=0)
     # First what waits for no later chunk: the source and, for w = q, P_ccᵀ (α dO)_c (see ``solve.py``).
     acc = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
-    if HAS_ALPHA:
+    if PROBE_IS_Q:
         in_block = (offs[None, :] < offs[:, None]) & col_ok[:, None]  # [rows, keys] of this chunk
         if VARLEN:
             in_block = in_block & (cols[None, :] >= doc_c[:, None])
         w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)
         s_cc = tl.dot(w_c, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
         p_cc = tl.where(in_block, tl.exp2(s_cc - lse_c[:, None]), 0.0)
-        alpha = tl.load(ALPHA + row_ptrs, mask=col_ok, other=0.0)
+        # Stage 2's weight of (P U)_t in o_t, α_t = Z_t / (Z_t + e^{s_tt}), as ``rows.stage2_weights`` forms
+        # it on the superblock path (its c_t follows the loop, where P U is loaded anyway)
+        s_tt = tl.sum(w_c.to(tl.float32) * kt.to(tl.float32), 1) * qk_scale
+        has_keys = (cols > doc_c) if VARLEN else (cols > 0)
+        alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse_c)), 0.0)
         weighted = alpha[:, None] * acc
         acc += tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype), input_precision=DOT_PREC) - weighted
     acc_k = tl.zeros([BT, BD], dtype=tl.float32)
@@ -207,32 +212,36 @@ def _wave_bwd_kernel(
         acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H, b,
                                       h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, False, VARLEN,
                                       DOT_PREC)  # fmt: skip
-    inv = tl.load(LINV + (pid_bh * n_chunks + c) * BT * BT + offs[:, None] * BT + offs[None, :])
+    index = pid_bh * n_chunks + c
+    inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
     for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
         j = c + DEFER - i
         if j <= j_last:
             acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H,
                                           b, h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, True, VARLEN,
                                           DOT_PREC)  # fmt: skip
-    g_c = tl.dot(tl.trans(inv), acc, input_precision=INV_PREC)
-    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0)
-    if HAS_ALPHA:  # the source loaded again rather than held across the key loop: registers are short there
-        y_c = alpha[:, None] * tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
-        y_c -= beta[:, None] * g_c
+    g_c = tl.dot(tl.trans(inv.to(tl.float32)), acc, input_precision=INV_PREC) * factor
+    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    if PROBE_IS_Q:  # the source loaded again rather than held across the key loop: registers are short there
+        src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+        y_c = alpha[:, None] * src - beta[:, None] * g_c
+        # c_t = dα_t α_t (1 − α_t), dα_t = dO_t·((P U)_t − U_t): the row kernel's diagonal term
+        u_c = tl.load(U + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)  # in these rows' layout
+        c_diag = tl.sum(src * (pu - u_c), 1) * alpha * (1.0 - alpha)
+        tl.store(C + row_ptrs, c_diag, mask=col_ok)
     else:
         y_c = -beta[:, None] * g_c
     # The score gradients' row term D_t = Y_t·(P U)_t − c_t from the fp32 rows in registers (the superblock
     # path: ``rows.score_cotangents``). Y is stored in the input dtype: every reader rounds it so for its
     # products, and the later-row streams read half the bytes of fp32.
-    dvec = tl.sum(y_c * pu.to(tl.float32), 1)
-    if HAS_ALPHA:
-        c_diag = tl.load(C + row_ptrs, mask=col_ok, other=0.0)
+    dvec = tl.sum(y_c * pu, 1)
+    if PROBE_IS_Q:
         dvec -= c_diag
     tl.store(Y + gy_ptrs, y_c.to(Y.dtype.element_ty), mask=gy_mask)
     tl.store(DVEC + pid_bh * T + cols, dvec, mask=col_ok)
     _raise_flag(flags, c)  # earlier chunks read Y and D only; the rest follows off the chain
     tl.store(G + gy_ptrs, g_c.to(G.dtype.element_ty), mask=gy_mask)
-    tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu.to(tl.float32), 1)).to(DBETA.dtype.element_ty), mask=col_ok)
+    tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu, 1)).to(DBETA.dtype.element_ty), mask=col_ok)
     w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)  # loaded again: registers are short in the loop
     # The key gradient's own block: this chunk's keys against its later rows, as the loop's, with Y read back
     # as stored (the barrier before the flag made this program's stores visible to all its threads).
@@ -245,14 +254,14 @@ def _wave_bwd_kernel(
     dpt = tl.dot(vals, tl.trans(y_own), input_precision=DOT_PREC)
     acc_k += tl.dot((pt * (dpt - dvec[None, :])).to(kt.dtype), w_c, input_precision=DOT_PREC)
     acc_k = acc_k * scale
-    if HAS_ALPHA:  # w = q: the diagonal score s_ii of stage 2 has gradient −c_i
+    if PROBE_IS_Q:  # w = q: the diagonal score s_ii of stage 2 has gradient −c_i
         acc_k -= scale * c_diag[:, None] * w_c.to(tl.float32)
     tl.store(DK + wk_ptrs, acc_k.to(DK.dtype.element_ty), mask=wk_mask)
 
 
 def superblock_wave_solve(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, pu: torch.Tensor,
-    o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
+    o: torch.Tensor | None, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor,
     partial: torch.Tensor | None, doc_start: torch.Tensor | None, flags: torch.Tensor, row_lo: int,
     row_hi: int, scale: float, cfg: LaunchConfig,
 ) -> None:
@@ -264,28 +273,33 @@ def superblock_wave_solve(
     n_chunks = cdiv(T, chunk)
     counter = flags[B * H * n_chunks + row_lo // cfg.superblock:]
     warps, stages = cfg.wave_forward_launch
+    cap = cfg.wave_forward_registers
     launch(
         _superblock_wave_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
-        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, partial if partial is not None else lse,
-        flags, counter, doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi,
-        scale * LOG2_E,
+        x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scales,
+        partial if partial is not None else lse, flags, counter,
+        doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi, scale * LOG2_E,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
         **precisions(x.dtype), num_warps=warps, num_stages=stages,
+        **({"maxnreg": cap} if cap and not interpreting() else {}),
     )
 
 
 def wave_backward(
-    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None,
-    g: torch.Tensor, y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor,
-    pu: torch.Tensor, c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor,
-    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
+    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
+    beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor, pu: torch.Tensor,
+    c: torch.Tensor | None,
+    dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor, doc_start: torch.Tensor | None,
+    doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
 ) -> None:
     """The whole transposed solve, in place: G (= dv, in g's dtype), Y = α·src − β·G (in y's dtype), the
     row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``) and the key
-    gradient of the stage-1 scores (``dk``, what ``cols.col_backward`` computes there). ``linv``: the
-    diagonal blocks' inverses (``inverse.diag_inverse``) (built inside, they would set the
-    kernel's register count)."""
+    gradient of the stage-1 scores (``dk``, what ``cols.col_backward`` computes there). ``c`` (fp32
+    [B, T, H]) is given for w = q (x is q, src is dO): the program of each chunk forms stage 2's diagonal
+    weights α (kept in registers) and c (stored: the row kernel reads it), ``rows.stage2_weights`` on the
+    superblock path. ``linv``, ``scales``: the diagonal blocks' inverses and their factors
+    (``inverse.diag_inverse``; built inside, they would set the kernel's register count)."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
     chunk = cfg.chunk
@@ -294,11 +308,10 @@ def wave_backward(
     warps, stages = cfg.wave_backward_launch
     launch(
         _wave_bwd_kernel, (n_chunks * B * H,),
-        x, k, u, src, alpha if alpha is not None else lse, g, y, beta, lse, linv, pu,
-        c if c is not None else dvec, dvec, dbeta, dk,
+        x, k, u, src, g, y, beta, lse, linv, scales, pu, c if c is not None else dvec, dvec, dbeta, dk,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E, scale,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
-        HAS_ALPHA=alpha is not None, VARLEN=doc_start is not None, **precisions(x.dtype),
+        PROBE_IS_Q=c is not None, VARLEN=doc_start is not None, **precisions(x.dtype),
         num_warps=warps, num_stages=stages,
     )

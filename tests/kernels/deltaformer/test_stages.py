@@ -53,6 +53,12 @@ def _strict_normalisers(w, k, doc_start, scale: float) -> torch.Tensor:
     return torch.where(allowed.any(-1), lse, 0.0).float()
 
 
+def _unscaled(inverses: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The stored inverses times their factors, fp64 on the CPU."""
+    linv, scales = inverses
+    return linv.cpu().double() * scales.cpu().double()[..., None, None]
+
+
 @pytest.mark.parametrize("cu", [None, [0, 21, 22, 90, 100]])
 def test_inverse_launch_matches_fp64(cu: list[int] | None) -> None:
     B, T, H, D, chunk = (1, 100, 2, 16, 64) if cu else (2, 100, 1, 16, 64)
@@ -60,22 +66,25 @@ def test_inverse_launch_matches_fp64(cu: list[int] | None) -> None:
     beta = torch.rand(B, T, H)
     doc_start = None if cu is None else document_tables(torch.tensor(cu, dtype=torch.int32), T)[0]
     lse = _strict_normalisers(w, k, doc_start, 0.3)
-    got = diag_inverse(w, k, beta, lse, doc_start, scale=0.3, chunk=chunk, dot_prec="ieee", inv_prec="ieee")
+    got = _unscaled(diag_inverse(w, k, beta, lse, doc_start, scale=0.3, chunk=chunk, dot_prec="ieee",
+                                 inv_prec="ieee"))
     want = _expected_inverses(w, k, beta, lse, doc_start, 0.3, chunk)
     last = T - (T - 1) // chunk * chunk  # rows of the last chunk inside the sequence
-    assert rel_rms_error(got[:, :-1].double(), want[:, :-1]) < 1e-6
-    assert rel_rms_error(got[:, -1, :last, :last].double(), want[:, -1, :last, :last]) < 1e-6
+    assert rel_rms_error(got[:, :-1], want[:, :-1]) < 1e-6
+    assert rel_rms_error(got[:, -1, :last, :last], want[:, -1, :last, :last]) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("probe", "beta_lo", "beta_hi", "tol"),
                          [("random", 0.0, 1.0, 2e-3), ("random", 1.5, 2.0, 2e-3),
                           ("previous", 1.0, 1.0, 1e-4), ("previous", 1.5, 1.5, 2e-2)])
 def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float, beta_hi: float,
-                                                      tol: float) -> None:
+                                                      tol: float, dtype: torch.dtype) -> None:
     """Under ``tf32`` the doubling takes fp16 operands where the rows of β·P sum to at most
     FP16_SAFE_ROW_SUM (β ≤ 1) and tf32 ones elsewhere. "previous": every row attends to the token before
     it alone, so with β = 1.5 the inverse holds (−1.5)^m and the squarings reach 1.5^32 > 65504, which fp16
-    operands would turn into inf; with β = 1 its entries are ±1 (fp16 path, exact)."""
+    operands would turn into inf; with β = 1 its entries are ±1 (fp16 path, exact). 16-bit inputs store the
+    inverses in fp16, there divided by a power of two (up to 1.5^63 / 2^15)."""
     torch.manual_seed(7)
     B, T, H, D, chunk = 1, 64, 1, 64, 64
     if probe == "random":
@@ -83,13 +92,19 @@ def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float
     else:  # one-hot keys; row t probes key t − 1 with a score of 40
         k = torch.eye(T)[None, :, None, :D].clone()
         w = 40.0 * torch.roll(k, 1, dims=1)
+    w, k = w.to(dtype), k.to(dtype)
     beta = beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)
     scale = 1.0 if probe == "previous" else 0.3
     lse = _strict_normalisers(w, k, None, scale)
-    got = diag_inverse(w, k, beta, lse, None, scale=scale, chunk=chunk, dot_prec="ieee", inv_prec="tf32")
+    linv, scales = diag_inverse(w, k, beta, lse, None, scale=scale, chunk=chunk, dot_prec="ieee",
+                                inv_prec="tf32")
+    assert linv.dtype == (torch.float32 if dtype == torch.float32 else torch.float16)
+    assert torch.isfinite(linv).all()
+    if dtype == torch.float16:
+        assert (linv.abs() <= 32768).all()
+        assert (scales.max() > 1) == (probe == "previous" and beta_lo > 1)  # scaled where entries grow
     want = _expected_inverses(w, k, beta, lse, None, scale, chunk)
-    assert torch.isfinite(got).all()
-    assert rel_rms_error(got.double(), want) < tol
+    assert rel_rms_error(_unscaled((linv, scales)), want) < tol
 
 
 @pytest.mark.parametrize(("D", "Dv", "wave"),
@@ -115,6 +130,7 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (small.chunk, small.superblock, small.wave_backward) == (64, 1024, True)
     assert (small.tiles, small.prep, small.prep_registers) == ((64, 64, 4, 3), (64, 64, 4, 3), 128)
     assert (small.wave_forward_launch, small.wave_backward_launch) == ((4, 3), (4, 3))
+    assert small.wave_forward_registers == 168
     assert config.launch_config(32, 64, 8192).superblock == 512
     large = config.launch_config(128, 128, 8192)
     assert (large.superblock, large.backward_superblock, large.wave_backward) == (512, 256, False)
@@ -212,8 +228,8 @@ def test_gpu_inverse_operand_paths_match_fp64(beta_lo: float, beta_hi: float) ->
     w, k = (torch.randn(B, T, H, D, dtype=torch.bfloat16) for _ in range(2))
     beta = (beta_lo + (beta_hi - beta_lo) * torch.rand(B, T, H)).to(torch.bfloat16)
     lse = _strict_normalisers(w, k, None, D**-0.5)
-    got = diag_inverse(w.cuda(), k.cuda(), beta.cuda(), lse.cuda(), None, scale=D**-0.5, chunk=64,
-                       dot_prec="tf32", inv_prec="tf32").cpu()
+    got = _unscaled(diag_inverse(w.cuda(), k.cuda(), beta.cuda(), lse.cuda(), None, scale=D**-0.5, chunk=64,
+                                 dot_prec="tf32", inv_prec="tf32"))
     want = _expected_inverses(w, k, beta, lse, None, D**-0.5, 64)
     err = rel_rms_error(got.double(), want)
     print(f"inverse, beta in ({beta_lo}, {beta_hi}): rel RMS error {err:.2e}")

@@ -9,7 +9,7 @@ import torch
 
 from titan_delta.models.context import MixerContext, document_ids
 from titan_delta.models.mixers import AttentionConfig, SoftmaxAttention
-from titan_delta.models.mixers.attention_masks import build_attention_masks
+from titan_delta.models.mixers.attention_masks import build_attention_masks, flex_kernel_options
 from titan_delta.testing import assert_rel_close, rel_rms_error
 
 
@@ -104,3 +104,14 @@ def test_missing_mask_for_window_is_an_error():
     mixer = _mixer(4)
     with pytest.raises(RuntimeError, match="window 4"):
         mixer(torch.randn(1, 5, 24, dtype=torch.float64), MixerContext())
+
+
+def test_flex_kernel_options_only_for_small_heads_on_cuda():
+    """Measured backward tiles at head dim <= 64 on CUDA; FlexAttention's defaults elsewhere. Each call gets
+    its own dict (flex may keep what it is given)."""
+    cuda = torch.device("cuda")
+    small = flex_kernel_options(64, cuda)
+    assert small is not None and small["BLOCK_M1"] == 32 and small["num_warps"] == 4
+    assert flex_kernel_options(64, cuda) is not small
+    assert flex_kernel_options(128, cuda) is None
+    assert flex_kernel_options(64, torch.device("cpu")) is None

@@ -16,7 +16,7 @@ from titan_delta.models.components.qkv import project_qkv
 from titan_delta.models.components.rope import RotaryEmbedding
 from titan_delta.models.context import MixerContext
 from titan_delta.models.flops import softmax_attention_flops
-from titan_delta.models.mixers.attention_masks import flex_attention_fn
+from titan_delta.models.mixers.attention_masks import flex_attention_fn, flex_kernel_options
 
 
 @dataclass
@@ -76,7 +76,8 @@ class SoftmaxAttention(nn.Module):
         mask = ctx.attn_masks.get(self.window)
         gqa = c.n_kv_heads != c.n_heads
         if isinstance(mask, BlockMask):
-            o = flex_attention_fn(x.device)(q, k, v, block_mask=mask, enable_gqa=gqa)
+            o = flex_attention_fn(x.device)(q, k, v, block_mask=mask, enable_gqa=gqa,
+                                            kernel_options=flex_kernel_options(c.head_dim, x.device))
         elif mask is None:
             if self.window is not None:
                 raise RuntimeError(f"no attention mask was built for window {self.window}")

@@ -92,6 +92,21 @@ def build_attention_masks(
     }
 
 
+# FlexAttention's backward tiles at head dims up to 64 on CUDA, chosen by measurement for the hybrids' sliding
+# windows (docs/models.md, "Sliding-window layers"): as fast as max-autotune's pick without its compile-time
+# search, where the default tiles are slower. At head dim 128 the defaults were the fastest, so wider heads
+# keep them.
+_FLEX_SMALL_HEAD_OPTIONS = {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 4,
+                            "num_stages": 3}
+
+
+def flex_kernel_options(head_dim: int, device: torch.device) -> dict[str, int] | None:
+    """``kernel_options`` for FlexAttention at this head dim (None: its defaults)."""
+    if device.type == "cuda" and head_dim <= 64:
+        return dict(_FLEX_SMALL_HEAD_OPTIONS)
+    return None
+
+
 def flex_attention_fn(device: torch.device):
     """FlexAttention compiled (its fast path) on GPU; eager on CPU, where the unfused implementation is
     only used to cross-check the dense path in tests. The compiled wrapper is made at import: creating it

@@ -2,8 +2,8 @@
 
 ``row_forward``: stage 2 for a separate w, a causal flash-attention forward over U with log2 normalisers.
 ``row_backward``: dX = scale·dS·K, dS = P∘(Y·Vᵀ − D): stage 2's dq (Y = dO, V = U) and stage 1's dw.
-``stage2_weights``, ``score_cotangents``: the backward's per-row scalars, one fused pass each instead of a
-chain of fp32 torch temporaries.
+``stage2_weights``, ``score_cotangents``: the superblock backward's per-row scalars (width > 64; the wavefront
+backward forms them itself), one fused pass each instead of a chain of fp32 torch temporaries.
 """
 
 from __future__ import annotations

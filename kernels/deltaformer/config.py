@@ -17,6 +17,7 @@ from titan_delta_kernels.deltaformer._common import interpreting
 
 MAX_HEAD_DIM = 128
 WAVE_DEFER = 2  # earlier chunks a wavefront program waits for one by one (the rest after a single wait)
+FORWARD_SUPERBLOCK = 512  # rows per preparation launch + forward wavefront, 16-bit inputs on a GPU
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,10 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
                             prep=tiny, prep_registers=0, wave_forward_launch=(4, 2), wave_forward_registers=0,
                             wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
-    # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's are twice
-    # as long: its solve is a wavefront, and each superblock costs two launches of host time.
+    # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's (16-bit
+    # inputs) are FORWARD_SUPERBLOCK rows at every T: its wavefront recomputes the scores inside its
+    # superblock, which the preparation's pass over earlier superblocks forms once, so shorter ones do less
+    # work and wait along shorter chains.
     backward_superblock = 256 if seq_len >= 8192 else 512
     if fp32:
         # fp32 inputs are the accuracy path, where the first call's compile matters more than speed. Every
@@ -79,7 +82,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         )
     return LaunchConfig(
         chunk=64,
-        superblock=2 * backward_superblock,
+        superblock=FORWARD_SUPERBLOCK,
         backward_superblock=backward_superblock,
         # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
         wave_backward=small,

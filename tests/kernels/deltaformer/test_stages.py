@@ -127,7 +127,7 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU rows (docs/kernels_deltaformer.md, "Launch table")."""
     monkeypatch.setattr(config, "interpreting", lambda: False)
     small = config.launch_config(64, 64, 2048)
-    assert (small.chunk, small.superblock, small.wave_backward) == (64, 1024, True)
+    assert (small.chunk, small.superblock, small.wave_backward) == (64, 512, True)
     assert (small.tiles, small.prep, small.prep_registers) == ((64, 64, 4, 3), (64, 64, 4, 3), 128)
     assert (small.wave_forward_launch, small.wave_backward_launch) == ((4, 3), (4, 3))
     assert small.wave_forward_registers == 168
@@ -137,7 +137,7 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (large.tiles, large.prep_registers, large.wave_forward_launch) == ((128, 64, 8, 3), 0, (8, 2))
     assert (large.solve_launch, large.value_block) == ((8, 2), 64)
     mid = config.launch_config(96, 96, 2048)
-    assert (mid.superblock, mid.backward_superblock, mid.value_block) == (1024, 512, 64)
+    assert (mid.superblock, mid.backward_superblock, mid.value_block) == (512, 512, 64)
     assert mid.tiles == large.tiles
     # fp32 inputs, every width: 16-row chunks and tiles, no pipelining, the wavefront backward
     fp32 = config.launch_config(128, 128, 8192, fp32=True)

@@ -16,7 +16,9 @@ from titan_delta_kernels._launch import next_power_of_2
 from titan_delta_kernels.deltaformer._common import interpreting
 
 MAX_HEAD_DIM = 128
-WAVE_DEFER = 2  # earlier chunks a wavefront program waits for one by one (the rest after a single wait)
+# Earlier chunks a wavefront program waits for one by one, the rest after a single wait: 1 ran faster than
+# 2, 3 and 4 (docs/kernels_deltaformer.md, "Launch table").
+WAVE_DEFER = 1
 FORWARD_SUPERBLOCK = 512  # rows per preparation launch + forward wavefront, 16-bit inputs on a GPU
 
 

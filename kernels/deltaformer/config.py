@@ -93,7 +93,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,
         wave_forward_launch=(4, 3) if small else (8, 2),
-        # capped, 3 blocks per SM fit at D <= 64 (the fp16 inverses' conversion took it to 2) for 8 B of spill
+        # capped, 3 blocks per SM fit at D <= 64 without spilling (the fp16 inverses' conversion took it to 2)
         wave_forward_registers=168 if small else 0,
         wave_backward_launch=(4, 3),
         solve_launch=(4 if small else 8, 2),

@@ -89,9 +89,8 @@ def _solve_bwd_kernel(
 def solve_backward(
     w: torch.Tensor, k: torch.Tensor, src: torch.Tensor, alpha: torch.Tensor | None, g: torch.Tensor,
     y: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor,
-    partial: torch.Tensor | None,
-    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, row_lo: int, row_hi: int, scale: float,
-    cfg: LaunchConfig,
+    partial: torch.Tensor | None, doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, row_lo: int,
+    row_hi: int, scale: float, cfg: LaunchConfig,
 ) -> None:
     """Transposed solve of rows [row_lo, row_hi) from the end: G (= dv) and the row cotangent
     Y = α·src − β·G of the stage-1 scores; ``partial`` = Σ over later superblocks of Pᵀ Y."""

@@ -15,8 +15,7 @@ import sys
 
 OPTION_SETS = {
     "defaults": {},
-    "shipped at head dim <= 64": {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
-                                  "num_warps": 4, "num_stages": 3},
+    "shipped (`flex_kernel_options`)": {"_shipped": True},
     "max-autotune": {"_mode": "max-autotune-no-cudagraphs"},
     "backward 64x128 / 128x64, 8 warps, 2 stages": {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128,
                                                     "BLOCK_N2": 64, "num_warps": 8, "num_stages": 2},
@@ -31,8 +30,12 @@ def _measure(shape: str, window: int, options: dict) -> str:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from triton.testing import do_bench
 
+    from titan_delta.models.mixers.attention_masks import flex_kernel_options
+
     B, T, H, D = (int(x) for x in shape.split("x"))
     mode = options.pop("_mode", None)
+    if options.pop("_shipped", False):
+        options = flex_kernel_options(D, torch.device("cuda")) or {}
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))

@@ -16,9 +16,6 @@ from titan_delta_kernels._launch import next_power_of_2
 from titan_delta_kernels.deltaformer._common import interpreting
 
 MAX_HEAD_DIM = 128
-# Earlier chunks a wavefront program waits for one by one, the rest after a single wait: 1 ran faster than
-# 2, 3 and 4 (docs/kernels_deltaformer.md, "Launch table").
-WAVE_DEFER = 1
 FORWARD_SUPERBLOCK = 512  # rows per preparation launch + forward wavefront, 16-bit inputs on a GPU
 
 
@@ -32,7 +29,6 @@ class LaunchConfig:
     prep: tuple[int, int, int, int]  # rows, keys, warps, stages of the preparation launch
     prep_registers: int  # register cap of the preparation launch (0: the compiler's choice)
     wave_forward_launch: tuple[int, int]  # warps, stages of the forward wavefront
-    wave_forward_registers: int  # register cap of the forward wavefront (0: the compiler's choice)
     wave_backward_launch: tuple[int, int]  # warps, stages of the backward wavefront
     solve_launch: tuple[int, int]  # warps, stages of the superblock backward solve
     value_block: int  # value columns per program of the superblock backward solve
@@ -54,7 +50,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
     if cpu_interpreter:
         tiny = (16, 16, 4, 1)
         return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
-                            prep=tiny, prep_registers=0, wave_forward_launch=(4, 2), wave_forward_registers=0,
+                            prep=tiny, prep_registers=0, wave_forward_launch=(4, 2),
                             wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
     # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's (16-bit
     # inputs) are FORWARD_SUPERBLOCK rows at every T: its wavefront recomputes the scores inside its
@@ -77,7 +73,6 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
             prep=(16, 32, 8, 1),  # 8 warps: no spill where 4 spill with the sums over earlier superblocks
             prep_registers=0,
             wave_forward_launch=(8, 1),  # 8 warps: no spill at D = 128, where 4 spill
-            wave_forward_registers=0,
             wave_backward_launch=(8, 1),
             solve_launch=(4, 1),  # unused (wavefront backward); kept valid should a width take superblocks
             value_block=value_block,
@@ -92,9 +87,9 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were slower at both widths
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill
         prep_registers=128 if small else 0,
+        # uncapped at D <= 64 it takes 142-146 registers, 3 blocks per SM; capped at 128 for 4 it spilled and
+        # ran slower
         wave_forward_launch=(4, 3) if small else (8, 2),
-        # capped, 3 blocks per SM fit at D <= 64 without spilling (the fp16 inverses' conversion took it to 2)
-        wave_forward_registers=168 if small else 0,
         wave_backward_launch=(4, 3),
         solve_launch=(4 if small else 8, 2),
         value_block=value_block,

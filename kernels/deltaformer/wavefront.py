@@ -1,13 +1,14 @@
 """Wavefront solves: one program per (chunk, b, h), handing solved rows on through flags in memory.
 
 Forward (per superblock, after ``prep.py``): chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks
-(the last WAVE_DEFER one by one as their flags rise), applies the prepared inverse, stores U_c and raises
-its flag, then writes P·U and, for w = q, o. Backward: the whole transposed solve in one launch, over later
-chunks; the rows each program streams also give its keys' gradient (the key kernel's pass on the superblock
-path). A program derives its chunk from a ticket taken from an atomic counter, chunk-major, so it only
-waits for programs with earlier tickets, resident or finished: no deadlock whatever order programs start
-in (the decoupled look-back of single-pass scans). A flag is raised only after all earlier chunks' waits,
-so one flag vouches for all of them. The interpreter runs programs in ticket order.
+after one wait for chunk c − 1's flag, applies the prepared inverse, stores U_c and raises its flag, then
+writes P·U and, for w = q, o. Backward: the whole transposed solve in one launch, over later chunks after
+one wait for chunk c + 1's flag; the rows each program streams also give its keys' gradient (the key
+kernel's pass on the superblock path). A program derives its chunk from a ticket taken from an atomic
+counter, chunk-major, so it only waits for programs with earlier tickets, resident or finished: no deadlock
+whatever order programs start in (the decoupled look-back of single-pass scans). A flag is raised only
+after the program's wait, so one flag vouches for all chunks before it. The interpreter runs programs in
+ticket order.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import triton
 import triton.language as tl
 
 from titan_delta_kernels._launch import cdiv, launch, next_power_of_2
-from titan_delta_kernels.deltaformer._common import LOG2_E, interpreting, precisions, tile_ptrs
-from titan_delta_kernels.deltaformer.config import WAVE_DEFER, LaunchConfig
+from titan_delta_kernels.deltaformer._common import LOG2_E, precisions, tile_ptrs
+from titan_delta_kernels.deltaformer.config import LaunchConfig
 from titan_delta_kernels.deltaformer.inverse import load_unit_lower_inverse
 
 
@@ -36,12 +37,12 @@ def _raise_flag(FLAGS, index):
 
 
 @triton.jit
-def _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D: tl.constexpr,
-               DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, WAIT: tl.constexpr,
-               VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + P[rows, chunk j]·U[chunk j]: P before the wait for the chunk's flag (WAIT), U read past L1, as
-    other programs wrote it in this launch. Without documents nothing is masked: earlier keys precede every
-    row, and rows past the end (x = lse = 0) get finite values that are never stored."""
+def _add_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale, D: tl.constexpr,
+               DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
+               DOT_PREC: tl.constexpr):
+    """acc + P[rows, chunk j]·U[chunk j], U read past L1, as other programs wrote it in this launch. Without
+    documents nothing is masked: earlier keys precede every row, and rows past the end (x = lse = 0) get
+    finite values that are never stored."""
     cols = j * BT + tl.arange(0, BT)
     offs_d = tl.arange(0, BD)
     kt = tl.load(tile_ptrs(K, cols, b, h, T, H, D, offs_d), mask=(offs_d < D)[None, :], other=0.0)
@@ -49,8 +50,6 @@ def _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scal
         allowed = row_ok[:, None] & (cols >= 0)[None, :] & (cols[None, :] >= row_doc[:, None])
     s = tl.dot(x, tl.trans(kt), input_precision=DOT_PREC) * qk_scale
     p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0) if VARLEN else tl.exp2(s - lse[:, None])
-    if WAIT:
-        _wait_for(flags, j)
     offs_v = tl.arange(0, BV)
     vals = tl.load(U + ((b * T + cols) * H + h)[:, None] * DV + offs_v[None, :], mask=(offs_v < DV)[None, :],
                    other=0.0, cache_modifier=".cg")
@@ -62,7 +61,7 @@ def _superblock_wave_kernel(
     X, K, V, U, PU, O, BETA, LSE, LINV, SCALES, R, FLAGS, COUNTER, DOC_START,
     T, H, BH, n_chunks, row_lo, row_hi, qk_scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    DEFER: tl.constexpr, HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_R: tl.constexpr, FUSED_OUT: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(COUNTER, 1)
@@ -90,21 +89,15 @@ def _superblock_wave_kernel(
         row_doc = rows  # unused
         j_lo = row_lo // BT
     acc = tl.load(R + vu_ptrs, mask=vu_mask, other=0.0) if HAS_R else tl.zeros([BT, BV], dtype=tl.float32)
-    j_def = tl.maximum(j_lo, c - DEFER)
-    if j_def > j_lo:  # its flag vouches for every earlier chunk of the superblock it needed
-        _wait_for(flags, j_def - 1)
-    for j in range(j_lo, j_def):
-        acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D, DV, BD, BV,
-                         BT, False, VARLEN, DOT_PREC)
+    if c > j_lo:  # chunk c − 1's flag vouches for every earlier chunk of the superblock
+        _wait_for(flags, c - 1)
+    for j in range(j_lo, c):
+        acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, T, H, b, h, j, qk_scale, D, DV, BD, BV, BT,
+                         VARLEN, DOT_PREC)
     beta = tl.load(BETA + (b * T + rows) * H + h, mask=row_ok, other=0.0).to(tl.float32)
     v = tl.load(V + vu_ptrs, mask=vu_mask, other=0.0).to(tl.float32)
     index = pid_bh * n_chunks + c
     inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
-    for i in tl.static_range(DEFER):  # the last DEFER chunks: scores first, values once solved
-        j = c - DEFER + i
-        if j >= j_lo:
-            acc = _add_chunk(acc, x, lse, row_ok, row_doc, K, U, flags, T, H, b, h, j, qk_scale, D, DV, BD,
-                             BV, BT, True, VARLEN, DOT_PREC)
     u_c = tl.dot(inv.to(tl.float32), v - beta[:, None] * acc, input_precision=INV_PREC) * factor
     tl.store(U + vu_ptrs, u_c.to(U.dtype.element_ty), mask=vu_mask)
     _raise_flag(flags, c)  # the chain to the next chunk ends here; P·U and o follow off it
@@ -125,9 +118,9 @@ def _superblock_wave_kernel(
 
 
 @triton.jit
-def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H, b, h, pid_bh, j,
-                     t_hi, qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
-                     BT: tl.constexpr, WAIT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, T, H, b, h, pid_bh, j, t_hi,
+                     qk_scale, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+                     BT: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
     """(acc + P[rows of chunk j, cols]ᵀ·Y[rows of chunk j], acc_k + the same rows' part of the key
     gradient, dSᵀ·W with dS = P∘(Y·Uᵀ − D)): the transposed solve's sum and the key kernel's
     (``cols.py``) from one pass over the rows; the chunk's D and Y are ready once its flag is up."""
@@ -143,8 +136,6 @@ def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, fla
         row_doc = tl.load(DOC_START + rows, mask=row_ok, other=0)
         allowed = allowed & (row_doc[None, :] <= cols[:, None])
     pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
-    if WAIT:
-        _wait_for(flags, j)
     offs_v = tl.arange(0, BV)
     y = tl.load(Y + ((b * T + rows) * H + h)[:, None] * DV + offs_v[None, :],
                 mask=row_ok[:, None] & (offs_v < DV)[None, :], other=0.0, cache_modifier=".cg").to(kt.dtype)
@@ -160,7 +151,7 @@ def _wave_bwd_kernel(
     X, K, U, SRC, G, Y, BETA, LSE, LINV, SCALES, PU, C, DVEC, DBETA, DK, FLAGS, DOC_START, DOC_END,
     T, H, BH, n_chunks, qk_scale, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    DEFER: tl.constexpr, PROBE_IS_Q: tl.constexpr, VARLEN: tl.constexpr,
+    PROBE_IS_Q: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
@@ -206,20 +197,13 @@ def _wave_bwd_kernel(
     acc_k = tl.zeros([BT, BD], dtype=tl.float32)
     t_hi = tl.minimum(T, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else T
     j_last = (t_hi - 1) // BT
-    if c + DEFER + 1 <= j_last:
-        _wait_for(flags, c + DEFER + 1)
-    for j in range(c + DEFER + 1, j_last + 1):  # long-solved later chunks
-        acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H, b,
-                                      h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, False, VARLEN,
-                                      DOT_PREC)  # fmt: skip
+    if c < j_last:  # chunk c + 1's flag vouches for every later chunk
+        _wait_for(flags, c + 1)
+    for j in range(c + 1, j_last + 1):
+        acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, T, H, b, h,
+                                      pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, VARLEN, DOT_PREC)
     index = pid_bh * n_chunks + c
     inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
-    for i in tl.static_range(DEFER):  # the next DEFER chunks: scores first, cotangents once solved
-        j = c + DEFER - i
-        if j <= j_last:
-            acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, flags, T, H,
-                                          b, h, pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, True, VARLEN,
-                                          DOT_PREC)  # fmt: skip
     g_c = tl.dot(tl.trans(inv.to(tl.float32)), acc, input_precision=INV_PREC) * factor
     pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
     if PROBE_IS_Q:  # the source loaded again rather than held across the key loop: registers are short there
@@ -273,16 +257,14 @@ def superblock_wave_solve(
     n_chunks = cdiv(T, chunk)
     counter = flags[B * H * n_chunks + row_lo // cfg.superblock:]
     warps, stages = cfg.wave_forward_launch
-    cap = cfg.wave_forward_registers
     launch(
         _superblock_wave_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
         x, k, v, u, pu, o if o is not None else pu, beta, lse, linv, scales,
         partial if partial is not None else lse, flags, counter,
         doc_start if doc_start is not None else flags, T, H, B * H, n_chunks, row_lo, row_hi, scale * LOG2_E,
-        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
         HAS_R=partial is not None, FUSED_OUT=o is not None, VARLEN=doc_start is not None,
         **precisions(x.dtype), num_warps=warps, num_stages=stages,
-        **({"maxnreg": cap} if cap and not interpreting() else {}),
     )
 
 
@@ -311,7 +293,7 @@ def wave_backward(
         x, k, u, src, g, y, beta, lse, linv, scales, pu, c if c is not None else dvec, dvec, dbeta, dk,
         flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
         T, H, B * H, n_chunks, scale * LOG2_E, scale,
-        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk, DEFER=WAVE_DEFER,
+        D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
         PROBE_IS_Q=c is not None, VARLEN=doc_start is not None, **precisions(x.dtype),
         num_warps=warps, num_stages=stages,
     )

@@ -115,7 +115,10 @@ def test_state_tiles_follow_the_program_count():
 @pytest.mark.parametrize("cu", [None, [0, 17, 45]])
 def test_narrow_state_tiles_match_the_wide_ones(cu, monkeypatch):
     """Each value column of the state evolves on its own, so 16-, 32- and 64-column tiles give the same
-    results (one sequence and head: the table picks 16; 32 and 64 forced)."""
+    results (one sequence and head: the table picks 16; 32 and 64 forced). Not bitwise: the interpreter's
+    products of different widths (numpy matmuls) may round an fp32 sum's last bit differently, and the fp16
+    outputs and gradients then take the neighbouring fp16 value here and there (at most 2.4e-5 relative RMS
+    over 40 seeds); a wrong column would be off by order one."""
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     inputs = make_inputs(1, 45, 1, 128, 64, 2, num_seqs=None if cu is None else 2, dtype=torch.float16)
     with launches() as log:
@@ -124,7 +127,7 @@ def test_narrow_state_tiles_match_the_wide_ones(cu, monkeypatch):
     for columns, stages in ((32, 3), (64, 2)):
         tiles = dict(state_fwd_block_v=columns, state_bwd_block_v=columns, state_fwd_stages=stages)
         wide, _ = run_with(monkeypatch, inputs, 2, tiles, cu=cu)
-        assert max_error(narrow, wide) < 1e-6
+        assert max_error(narrow, wide) < 2e-4
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -202,16 +202,24 @@ def _wave_bwd_kernel(
     for j in range(c + 1, j_last + 1):
         acc, acc_k = _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, T, H, b, h,
                                       pid_bh, j, t_hi, qk_scale, D, DV, BD, BV, BT, VARLEN, DOT_PREC)
+    # Every tile the rest of the program reads is loaded here, before the inverse's product: each program's
+    # own latency sets the launch's time (its chunk level fills the GPU), and the loads then overlap the
+    # product instead of following it one after another. The source and W are loaded again rather than held
+    # across the key loop, where registers are short.
     index = pid_bh * n_chunks + c
     inv, factor = load_unit_lower_inverse(LINV + index * BT * BT, SCALES + index, BT)
+    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0)
+    if PROBE_IS_Q:
+        src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0)
+        u_c = tl.load(U + gy_ptrs, mask=gy_mask, other=0.0)  # in these rows' layout
+    w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)
     g_c = tl.dot(tl.trans(inv.to(tl.float32)), acc, input_precision=INV_PREC) * factor
-    pu = tl.load(PU + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
-    if PROBE_IS_Q:  # the source loaded again rather than held across the key loop: registers are short there
-        src = tl.load(SRC + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)
+    pu = pu.to(tl.float32)
+    if PROBE_IS_Q:
+        src = src.to(tl.float32)
         y_c = alpha[:, None] * src - beta[:, None] * g_c
         # c_t = dα_t α_t (1 − α_t), dα_t = dO_t·((P U)_t − U_t): the row kernel's diagonal term
-        u_c = tl.load(U + gy_ptrs, mask=gy_mask, other=0.0).to(tl.float32)  # in these rows' layout
-        c_diag = tl.sum(src * (pu - u_c), 1) * alpha * (1.0 - alpha)
+        c_diag = tl.sum(src * (pu - u_c.to(tl.float32)), 1) * alpha * (1.0 - alpha)
         tl.store(C + row_ptrs, c_diag, mask=col_ok)
     else:
         y_c = -beta[:, None] * g_c
@@ -226,7 +234,6 @@ def _wave_bwd_kernel(
     _raise_flag(flags, c)  # earlier chunks read Y and D only; the rest follows off the chain
     tl.store(G + gy_ptrs, g_c.to(G.dtype.element_ty), mask=gy_mask)
     tl.store(DBETA + row_ptrs, (-tl.sum(g_c * pu, 1)).to(DBETA.dtype.element_ty), mask=col_ok)
-    w_c = tl.load(X + wk_ptrs, mask=wk_mask, other=0.0)  # loaded again: registers are short in the loop
     # The key gradient's own block: this chunk's keys against its later rows, as the loop's, with Y read back
     # as stored (the barrier before the flag made this program's stores visible to all its threads).
     st = tl.dot(kt, tl.trans(w_c), input_precision=DOT_PREC) * qk_scale  # [keys, rows]

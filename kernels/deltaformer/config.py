@@ -17,6 +17,8 @@ from titan_delta_kernels.deltaformer._common import interpreting
 
 MAX_HEAD_DIM = 128
 FORWARD_SUPERBLOCK = 512  # rows per preparation launch + forward wavefront, 16-bit inputs on a GPU
+WAVE_BACKWARD_SUPERBLOCK = 1024  # rows per backward wavefront launch from LONG_WAVE on (16-bit, GPU)
+LONG_WAVE = 4096  # sequence length from which the wavefront backward runs superblock by superblock
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,8 @@ class LaunchConfig:
     chunk: int  # rows of a diagonal block: the unit of the solves and of their inverses
     superblock: int  # forward rows per preparation launch + wavefront solve
     backward_superblock: int  # backward rows per transposed-solve launch (superblock backward only)
-    wave_backward: bool  # the backward solve as one wavefront launch, else superblock by superblock
+    wave_backward: bool  # the backward solve as wavefronts, else superblock by superblock
+    wave_backward_superblock: int  # rows per backward wavefront launch (0: all rows in one)
     tiles: tuple[int, int, int, int]  # rows, keys, warps, stages of the row and key (column) kernels
     prep: tuple[int, int, int, int]  # rows, keys, warps, stages of the preparation launch
     prep_registers: int  # register cap of the preparation launch (0: the compiler's choice)
@@ -49,7 +52,8 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
     small = width <= 64
     if cpu_interpreter:
         tiny = (16, 16, 4, 1)
-        return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small, tiles=tiny,
+        return LaunchConfig(chunk=16, superblock=64, backward_superblock=32, wave_backward=small,
+                            wave_backward_superblock=32, tiles=tiny,
                             prep=tiny, prep_registers=0, wave_forward_launch=(4, 2),
                             wave_backward_launch=(4, 2), solve_launch=(4, 1), value_block=value_block)
     # Backward superblocks: shorter at long T (less sequential work per (b, h)). The forward's (16-bit
@@ -69,6 +73,7 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
             superblock=2 * backward_superblock,
             backward_superblock=backward_superblock,
             wave_backward=True,
+            wave_backward_superblock=0,
             tiles=(16, 32, 4, 1),
             prep=(16, 32, 8, 1),  # 8 warps: no spill where 4 spill with the sums over earlier superblocks
             prep_registers=0,
@@ -83,6 +88,12 @@ def _config(head_dim: int, value_dim: int, seq_len: int, fp32: bool, cpu_interpr
         backward_superblock=backward_superblock,
         # The wavefront backward wins at D <= 64; at D = 128 the superblock backward is faster.
         wave_backward=small,
+        # One wavefront per (b, h) chains every chunk to the next, each chunk's program with a fixed cost
+        # of its own: at long T the chain, not the arithmetic, sets the time. From LONG_WAVE on, superblocks
+        # from the end: key launches sum the rows solved after each superblock over its keys (no chain),
+        # and its wavefront streams only its own later chunks; at T = 2048 one launch stays faster
+        # (docs/kernels_deltaformer.md, "Launch table").
+        wave_backward_superblock=WAVE_BACKWARD_SUPERBLOCK if seq_len >= LONG_WAVE else 0,
         tiles=(64, 64, 4, 3) if small else (128, 64, 8, 3),
         prep=(64, 64, 4, 3),  # 4-warp tiles: 8 warps were slower at both widths
         # capped, 4 blocks per SM fit instead of 3 at D <= 64 without spilling; at D = 128 a cap would spill

@@ -64,8 +64,8 @@ def _transposed_solve(
     linv, scales = diag_inverse(x, k, beta, lse1, doc_start, scale=scale, chunk=cfg.chunk,
                                 dot_prec=dot_precision(x.dtype), inv_prec=inverse_precision(x.dtype))
     if cfg.wave_backward:
-        wave_backward(x, k, u, src, g, y, beta, lse1, linv, scales, pu, c, dvec, dbeta, dk, doc_start,
-                      doc_end, scale, cfg)
+        _wave_superblocks(x, k, u, src, g, y, beta, lse1, linv, scales, pu, c, dvec, dbeta, dk, doc_start,
+                          doc_end, scale, cfg)
         return
     partial = None
     for lo, hi in reversed(_superblocks(T, cfg.backward_superblock)):
@@ -78,6 +78,36 @@ def _transposed_solve(
                        doc_start, doc_end, lo, hi, scale, cfg)
     score_cotangents(src, alpha, beta, g, pu, c, dvec, dbeta)
     col_backward(x, k, u, y, lse1, dvec, dk, None, doc_start, doc_end, scale, cfg, strict=True, diag_c=c)
+
+
+def _wave_superblocks(
+    x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
+    beta: torch.Tensor, lse1: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor, pu: torch.Tensor,
+    c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
+) -> None:
+    """The wavefront backward superblock by superblock from the end: before each superblock but the last,
+    key launches sum the rows already solved after it over its keys (Σ Pᵀ Y, and those rows' part of dk),
+    work that needs no chain; the superblock's wavefront then adds them to its own. One wavefront runs each
+    (b, h) as one chain of chunks, so the sums over many later chunks gain from the parallel launches."""
+    B, T, H, _ = x.shape
+    blocks = _superblocks(T, cfg.wave_backward_superblock or T)
+    n_flags = B * H * cdiv(T, cfg.chunk)
+    flags = torch.zeros(n_flags + len(blocks), device=x.device, dtype=torch.int32)  # and a counter each
+    later = None
+    for index in reversed(range(len(blocks))):
+        lo, hi = blocks[index]
+        if hi < T:
+            if later is None:
+                f32 = dict(device=x.device, dtype=torch.float32)
+                later = (new_buffer(src.shape, **f32), new_buffer(x.shape, **f32))
+            col_backward(x, k, None, y, lse1, None, None, later[0], doc_start, doc_end, scale, cfg,
+                         strict=True, key_base=lo, key_stop=hi, row_from=hi)
+            col_backward(x, k, u, y, lse1, dvec, later[1], None, doc_start, doc_end, scale, cfg,
+                         strict=True, key_base=lo, key_stop=hi, row_from=hi)
+        wave_backward(x, k, u, src, g, y, beta, lse1, linv, scales, pu, c, dvec, dbeta, dk,
+                      later if hi < T else None, flags, flags[n_flags + index:], doc_start, doc_end, lo, hi,
+                      scale, cfg)
 
 
 def backward_pass(

@@ -2,9 +2,10 @@
 
 Forward (per superblock, after ``prep.py``): chunk c adds Σ_j P_cj U_j over the superblock's earlier chunks
 after one wait for chunk c − 1's flag, applies the prepared inverse, stores U_c and raises its flag, then
-writes P·U and, for w = q, o. Backward: the whole transposed solve in one launch, over later chunks after
-one wait for chunk c + 1's flag; the rows each program streams also give its keys' gradient (the key
-kernel's pass on the superblock path). A program derives its chunk from a ticket taken from an atomic
+writes P·U and, for w = q, o. Backward: the transposed solve of a run of rows (all of them, or one
+superblock after ``passes`` summed the rows after it), over later chunks after one wait for chunk c + 1's
+flag; the rows each program streams also give its keys' gradient (the key kernel's pass on the superblock
+path). A program derives its chunk from a ticket taken from an atomic
 counter, chunk-major, so it only waits for programs with earlier tickets, resident or finished: no deadlock
 whatever order programs start in (the decoupled look-back of single-pass scans). A flag is raised only
 after the program's wait, so one flag vouches for all chunks before it. The interpreter runs programs in
@@ -148,14 +149,14 @@ def _add_later_chunk(acc, acc_k, kt, vals, cols, X, LSE, Y, DVEC, DOC_START, T, 
 
 @triton.jit
 def _wave_bwd_kernel(
-    X, K, U, SRC, G, Y, BETA, LSE, LINV, SCALES, PU, C, DVEC, DBETA, DK, FLAGS, DOC_START, DOC_END,
-    T, H, BH, n_chunks, qk_scale, scale,
+    X, K, U, SRC, G, Y, BETA, LSE, LINV, SCALES, PU, C, DVEC, DBETA, DK, R_G, R_K, FLAGS, COUNTER, DOC_START,
+    DOC_END, T, H, BH, n_chunks, row_hi, qk_scale, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    PROBE_IS_Q: tl.constexpr, VARLEN: tl.constexpr,
+    PROBE_IS_Q: tl.constexpr, HAS_R: tl.constexpr, VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
-    ticket = tl.atomic_add(FLAGS + BH * n_chunks, 1)
-    c = n_chunks - 1 - ticket // BH
+    ticket = tl.atomic_add(COUNTER, 1)
+    c = (row_hi + BT - 1) // BT - 1 - ticket // BH
     pid_bh = ticket % BH
     b = pid_bh // H
     h = pid_bh % H
@@ -194,8 +195,10 @@ def _wave_bwd_kernel(
         alpha = tl.where(has_keys, 1.0 / (1.0 + tl.exp2(s_tt - lse_c)), 0.0)
         weighted = alpha[:, None] * acc
         acc += tl.dot(tl.trans(p_cc).to(kt.dtype), weighted.to(kt.dtype), input_precision=DOT_PREC) - weighted
+    if HAS_R:  # the rows after this superblock, summed by the key launch before this one
+        acc += tl.load(R_G + gy_ptrs, mask=gy_mask, other=0.0)
     acc_k = tl.zeros([BT, BD], dtype=tl.float32)
-    t_hi = tl.minimum(T, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else T
+    t_hi = tl.minimum(row_hi, tl.load(DOC_END + tl.minimum(c0 + BT, T) - 1)) if VARLEN else row_hi
     j_last = (t_hi - 1) // BT
     if c < j_last:  # chunk c + 1's flag vouches for every later chunk
         _wait_for(flags, c + 1)
@@ -245,6 +248,8 @@ def _wave_bwd_kernel(
     dpt = tl.dot(vals, tl.trans(y_own), input_precision=DOT_PREC)
     acc_k += tl.dot((pt * (dpt - dvec[None, :])).to(kt.dtype), w_c, input_precision=DOT_PREC)
     acc_k = acc_k * scale
+    if HAS_R:  # loaded only now: the loop holds no registers for it
+        acc_k += tl.load(R_K + wk_ptrs, mask=wk_mask, other=0.0)
     if PROBE_IS_Q:  # w = q: the diagonal score s_ii of stage 2 has gradient −c_i
         acc_k -= scale * c_diag[:, None] * w_c.to(tl.float32)
     tl.store(DK + wk_ptrs, acc_k.to(DK.dtype.element_ty), mask=wk_mask)
@@ -278,29 +283,32 @@ def superblock_wave_solve(
 def wave_backward(
     x: torch.Tensor, k: torch.Tensor, u: torch.Tensor, src: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
     beta: torch.Tensor, lse: torch.Tensor, linv: torch.Tensor, scales: torch.Tensor, pu: torch.Tensor,
-    c: torch.Tensor | None,
-    dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor, doc_start: torch.Tensor | None,
-    doc_end: torch.Tensor | None, scale: float, cfg: LaunchConfig,
+    c: torch.Tensor | None, dvec: torch.Tensor, dbeta: torch.Tensor, dk: torch.Tensor,
+    later: tuple[torch.Tensor, torch.Tensor] | None, flags: torch.Tensor, counter: torch.Tensor,
+    doc_start: torch.Tensor | None, doc_end: torch.Tensor | None, row_lo: int, row_hi: int, scale: float,
+    cfg: LaunchConfig,
 ) -> None:
-    """The whole transposed solve, in place: G (= dv, in g's dtype), Y = α·src − β·G (in y's dtype), the
-    row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``) and the key
-    gradient of the stage-1 scores (``dk``, what ``cols.col_backward`` computes there). ``c`` (fp32
-    [B, T, H]) is given for w = q (x is q, src is dO): the program of each chunk forms stage 2's diagonal
-    weights α (kept in registers) and c (stored: the row kernel reads it), ``rows.stage2_weights`` on the
-    superblock path. ``linv``, ``scales``: the diagonal blocks' inverses and their factors
-    (``inverse.diag_inverse``; built inside, they would set the kernel's register count)."""
+    """The transposed solve of rows [row_lo, row_hi), in place: G (= dv, in g's dtype), Y = α·src − β·G (in
+    y's dtype), the row scalars ``rows.score_cotangents`` fills on the superblock path (``dvec``, ``dbeta``)
+    and the key gradient of the stage-1 scores (``dk``, what ``cols.col_backward`` computes there). ``c``
+    (fp32 [B, T, H]) is given for w = q (x is q, src is dO): the program of each chunk forms stage 2's
+    diagonal weights α (kept in registers) and c (stored: the row kernel reads it), ``rows.stage2_weights``
+    on the superblock path. ``linv``, ``scales``: the diagonal blocks' inverses and their factors
+    (``inverse.diag_inverse``; built inside, they would set the kernel's register count). ``later``: fp32
+    ([B, T, H, Dv], [B, T, H, D]) sums over the rows from ``row_hi`` on for these rows' keys (Σ Pᵀ Y and
+    their part of dk, scaled), None when ``row_hi`` is T. ``flags``: zeroed int32, one per (b, h, chunk);
+    ``counter``: a zeroed int32 ticket counter of its own for this launch."""
     B, T, H, D = x.shape
     DV = src.shape[-1]
     chunk = cfg.chunk
-    n_chunks = cdiv(T, chunk)
-    flags = torch.zeros(B * H * n_chunks + 1, device=x.device, dtype=torch.int32)  # and a ticket counter
     warps, stages = cfg.wave_backward_launch
+    r_g, r_k = later if later is not None else (dvec, dvec)
     launch(
-        _wave_bwd_kernel, (n_chunks * B * H,),
+        _wave_bwd_kernel, (cdiv(row_hi - row_lo, chunk) * B * H,),
         x, k, u, src, g, y, beta, lse, linv, scales, pu, c if c is not None else dvec, dvec, dbeta, dk,
-        flags, doc_start if doc_start is not None else flags, doc_end if doc_end is not None else flags,
-        T, H, B * H, n_chunks, scale * LOG2_E, scale,
+        r_g, r_k, flags, counter, doc_start if doc_start is not None else flags,
+        doc_end if doc_end is not None else flags, T, H, B * H, cdiv(T, chunk), row_hi, scale * LOG2_E, scale,
         D=D, DV=DV, BD=next_power_of_2(D), BV=next_power_of_2(DV), BT=chunk,
-        PROBE_IS_Q=c is not None, VARLEN=doc_start is not None, **precisions(x.dtype),
-        num_warps=warps, num_stages=stages,
+        PROBE_IS_Q=c is not None, HAS_R=later is not None, VARLEN=doc_start is not None,
+        **precisions(x.dtype), num_warps=warps, num_stages=stages,
     )

@@ -182,6 +182,14 @@ def test_gpu_varlen_matches_reference() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_varlen_long_matches_reference() -> None:
+    """From T = 4096 the wavefront backward runs in 1024-row superblocks: documents across their bounds."""
+    errors = gpu_check(1, 5000, 2, 64, separate_w=False, dtype=torch.bfloat16,
+                       cu=[0, 1, 1000, 1024, 2100, 4100, 5000])
+    print(f"varlen bf16, T = 5000: {describe(errors)}")
+
+
+@pytest.mark.gpu
 def test_gpu_varlen_does_not_synchronise_with_host() -> None:
     q, k, v, beta, _ = make_inputs(1, 1024, 2, 64, 64, separate_w=False, dtype=torch.bfloat16, device="cuda")
     cu = torch.tensor([0, 300, 1024], dtype=torch.int32, device="cuda")
@@ -210,8 +218,8 @@ def test_gpu_long_sequence_with_beta_one_stays_finite() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_long_length_superblocks_match_reference(D: int) -> None:
-    """T >= 8192: 512-row forward superblocks, and at D = 128 256-row backward superblocks; T is not a
-    multiple of either."""
+    """T >= 8192: 512-row forward superblocks, at D = 64 1024-row backward wavefront launches, at D = 128
+    256-row backward superblocks; T is not a multiple of any."""
     errors = gpu_check(1, 8192 + 37, 2, D, separate_w=False, dtype=torch.bfloat16)
     print(f"[1,8229,2,{D}]: {describe(errors)}")
 
@@ -227,7 +235,7 @@ def _run(B: int, T: int, H: int, D: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("B", "T", "H", "D"), [(8, 2048, 16, 64), (2, 4096, 16, 128)])
+@pytest.mark.parametrize(("B", "T", "H", "D"), [(8, 2048, 16, 64), (2, 8192, 8, 64), (2, 4096, 16, 128)])
 def test_gpu_wavefronts_are_bitwise_repeatable(B, T, H, D) -> None:
     """Thousands of wavefront programs, many more than are resident at once: every run gives the same bits
     (each program sums in a fixed order, so a read of rows before their flag was set would show)."""

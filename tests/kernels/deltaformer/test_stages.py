@@ -110,7 +110,8 @@ def test_inverse_launch_tf32_operand_paths_match_fp64(probe: str, beta_lo: float
 @pytest.mark.parametrize(("D", "Dv", "wave"),
                          [(16, 16, True), (64, 32, True), (16, 80, False), (72, 16, False)])
 def test_width_picks_the_backward_solve(D: int, Dv: int, wave: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the inverse launch, width <= 64: one wavefront launch that also forms dk (no key pass); wider:
+    """After the inverse launch, width <= 64: wavefront launches that also form dk (no key pass), each
+    superblock but the last after two key launches for the later rows (the interpreter's are 32 rows); wider:
     the superblock solve (a key launch for the later rows before each superblock but the last), then the
     key pass for dk."""
     called: list[str] = []
@@ -120,7 +121,8 @@ def test_width_picks_the_backward_solve(D: int, Dv: int, wave: bool, monkeypatch
                             or _real(*a, **kw))
     check_against_oracle(1, 40, 1, D, Dv, False, None)
     superblocks = ["solve_backward", "col_backward", "solve_backward", "col_backward"]
-    assert called == ["diag_inverse"] + (["wave_backward"] if wave else superblocks)
+    wavefronts = ["wave_backward", "col_backward", "col_backward", "wave_backward"]
+    assert called == ["diag_inverse"] + (wavefronts if wave else superblocks)
 
 
 def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,6 +130,9 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "interpreting", lambda: False)
     small = config.launch_config(64, 64, 2048)
     assert (small.chunk, small.superblock, small.wave_backward) == (64, 512, True)
+    assert small.wave_backward_superblock == 0  # one backward wavefront launch at T = 2048
+    assert config.launch_config(64, 64, 4095).wave_backward_superblock == 0
+    assert config.launch_config(64, 64, 4096).wave_backward_superblock == 1024
     assert (small.tiles, small.prep, small.prep_registers) == ((64, 64, 4, 3), (64, 64, 4, 3), 128)
     assert (small.wave_forward_launch, small.wave_backward_launch) == ((4, 3), (4, 3))
     assert config.launch_config(32, 64, 8192).superblock == 512
@@ -141,6 +146,7 @@ def test_launch_table_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     # fp32 inputs, every width: 16-row chunks and tiles, no pipelining, the wavefront backward
     fp32 = config.launch_config(128, 128, 8192, fp32=True)
     assert (fp32.chunk, fp32.superblock, fp32.backward_superblock, fp32.wave_backward) == (16, 512, 256, True)
+    assert fp32.wave_backward_superblock == 0
     assert (fp32.tiles, fp32.prep, fp32.prep_registers) == ((16, 32, 4, 1), (16, 32, 8, 1), 0)
     assert (fp32.wave_forward_launch, fp32.wave_backward_launch) == ((8, 1), (8, 1))
     assert config.launch_config(64, 64, 2048, fp32=True) == dataclasses.replace(fp32, superblock=1024,
@@ -167,6 +173,7 @@ def test_launch_rows_hold_the_kernels_invariants(fp32: bool, cpu_interpreter: bo
                 rows, keys, warps, stages = cfg.prep
                 assert _power_of_two(cfg.chunk) and cfg.chunk >= 16, cfg
                 assert cfg.superblock % cfg.chunk == 0 and cfg.backward_superblock % cfg.chunk == 0, cfg
+                assert cfg.wave_backward_superblock % cfg.chunk == 0, cfg
                 assert cfg.superblock % keys == 0 and rows % cfg.chunk == 0, cfg
                 for size in (*cfg.tiles[:2], rows, keys, cfg.value_block):
                     assert _power_of_two(size) and size >= 16, cfg

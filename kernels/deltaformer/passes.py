@@ -89,9 +89,10 @@ def _wave_superblocks(
     """The wavefront backward superblock by superblock from the end: before each superblock but the last,
     key launches sum the rows already solved after it over its keys (Σ Pᵀ Y, and those rows' part of dk),
     work that needs no chain; the superblock's wavefront then adds them to its own. One wavefront runs each
-    (b, h) as one chain of chunks, so the sums over many later chunks gain from the parallel launches."""
+    (b, h) as one chain of chunks, so the sums over many later chunks gain from the parallel launches.
+    ``cfg.wave_backward_superblock`` rows per superblock; 0: one wavefront over all rows."""
     B, T, H, _ = x.shape
-    blocks = _superblocks(T, cfg.wave_backward_superblock or T)
+    blocks = _superblocks(T, cfg.wave_backward_superblock or max(T, 1))
     n_flags = B * H * cdiv(T, cfg.chunk)
     flags = torch.zeros(n_flags + len(blocks), device=x.device, dtype=torch.int32)  # and a counter each
     later = None

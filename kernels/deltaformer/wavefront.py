@@ -5,11 +5,10 @@ after one wait for chunk c − 1's flag, applies the prepared inverse, stores U_
 writes P·U and, for w = q, o. Backward: the transposed solve of a run of rows (all of them, or one
 superblock after ``passes`` summed the rows after it), over later chunks after one wait for chunk c + 1's
 flag; the rows each program streams also give its keys' gradient (the key kernel's pass on the superblock
-path). A program derives its chunk from a ticket taken from an atomic
-counter, chunk-major, so it only waits for programs with earlier tickets, resident or finished: no deadlock
-whatever order programs start in (the decoupled look-back of single-pass scans). A flag is raised only
-after the program's wait, so one flag vouches for all chunks before it. The interpreter runs programs in
-ticket order.
+path). A program derives its chunk from a ticket taken from an atomic counter, chunk-major, so it only
+waits for programs with earlier tickets, resident or finished: no deadlock whatever order programs start in
+(the decoupled look-back of single-pass scans). A flag is raised only after the program's wait, so one flag
+vouches for all chunks before it. The interpreter runs programs in ticket order.
 """
 
 from __future__ import annotations

@@ -102,6 +102,8 @@ def _wave_superblocks(
             if later is None:
                 f32 = dict(device=x.device, dtype=torch.float32)
                 later = (new_buffer(src.shape, **f32), new_buffer(x.shape, **f32))
+            # two launches: the Σ Pᵀ Y launch alone may split its rows over more programs
+            # (``later_rows_splits``) where the key programs are few; a dk launch writes dk whole
             col_backward(x, k, None, y, lse1, None, None, later[0], doc_start, doc_end, scale, cfg,
                          strict=True, key_base=lo, key_stop=hi, row_from=hi)
             col_backward(x, k, u, y, lse1, dvec, later[1], None, doc_start, doc_end, scale, cfg,

@@ -14,11 +14,11 @@ no concatenation of the pieces' gradients.
 
 Forward (fwd.py): one kernel per segment, y only (no activation is saved beyond the op's inputs), optionally
 L2-normalised per group of channels (a head's query or key), which saves the model a normalisation pass
-over the activations each way. Backward (bwd.py): one kernel per segment recomputes the pre-activation from
-x, takes its gradient dpre, and from it dx (through a small per-program ring that stays in L2, so dpre
-never goes to HBM) and dw as one fp32 partial sum per (program, channel, tap), summed over programs
-afterwards (deterministic, no atomics). Each kernel has its own tiling (``Tiling``); layout and tap masks
-are described in tiles.py.
+over the activations each way. Backward (bwd.py): one kernel per segment walks rows, recomputes the
+pre-activation from x, takes its gradient dpre, and from it dx (the windows of x and dpre carried in
+registers from row to row, so dpre never goes to memory) and dw as one fp32 partial sum per (program,
+channel, tap), summed over programs afterwards (deterministic, no atomics). Each kernel has its own tiling
+(``Tiling``); layout and tap masks are described in tiles.py.
 """
 
 from __future__ import annotations
@@ -52,16 +52,13 @@ class Tiling:
     num_warps: int
 
 
-# Forward: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors. The backward holds K
-# weight-gradient accumulators, K shifted x tiles and the next tile's loads besides its tiles: 16 × 64 tiles
-# on 2 warps, 32 per program; with normalisation 8 × 128 on 2 warps, 16 per program (the fastest of the
-# tilings timed at the 340M shapes, docs/benchmarks.md, "Short causal conv").
+# Forward: 32 rows × 64 channels on 4 warps, 16 values per thread in 16-byte vectors; with normalisation a
+# tile spans one group (a head) to take its norm, with the values per tile of the tiling it derives from:
+# 16 × 128 for 128-wide heads. Backward: one row at a time on one warp, 128 rows per program, over 128
+# channels or one normalised group (the fastest of the geometries timed at the 340M shapes,
+# docs/benchmarks.md, "Short causal conv").
 FORWARD_TILING = Tiling(rows=32, channels=64, tiles=4, num_warps=4)
-BACKWARD_TILING = Tiling(rows=16, channels=64, tiles=32, num_warps=2)
-NORMALIZED_BACKWARD_TILING = Tiling(rows=8, channels=128, tiles=16, num_warps=2)
-RING_TILES = 4  # dpre tiles in each backward program's ring (bwd.py; a power of 2, at least 3)
-# With normalisation a tile spans one group (a head) to take its norm, with the values per tile of the tiling
-# it derives from: forward 16 × 128 for 128-wide heads (docs/benchmarks.md, "Short causal conv").
+BACKWARD_TILING = Tiling(rows=1, channels=128, tiles=128, num_warps=1)
 
 
 def normalized_tiling(tiling: Tiling, l2_group: int) -> Tiling:
@@ -75,16 +72,18 @@ def normalized_tiling(tiling: Tiling, l2_group: int) -> Tiling:
 
 
 def backward_tiling(l2_group: int) -> Tiling:
-    """The backward kernel's tiling for a segment normalised per ``l2_group`` channels (0: not)."""
-    return normalized_tiling(NORMALIZED_BACKWARD_TILING, l2_group) if l2_group else BACKWARD_TILING
+    """The backward kernel's tiling for a segment normalised per ``l2_group`` channels (0: not): rows of one
+    group when normalised, so that a row's norm stays within the program's warp."""
+    if not l2_group:
+        return BACKWARD_TILING
+    return Tiling(rows=1, channels=l2_group, tiles=BACKWARD_TILING.tiles, num_warps=BACKWARD_TILING.num_warps)
 
 
-def _constexprs(K: int, seq_pos: Tensor | None, tiling: Tiling, weight_tile: bool = True) -> dict:
-    """The launch keywords of a kernel: filter width, tile geometry, whether documents are given, and the
-    padded tap count of the weight tile (the kernels that load one)."""
-    kw = dict(K=K, HAS_SEQ_POS=seq_pos is not None, BLOCK_T=tiling.rows, BLOCK_C=tiling.channels,
-              TILES=tiling.tiles, num_warps=tiling.num_warps)  # fmt: skip
-    return kw | dict(BLOCK_K=next_power_of_2(K)) if weight_tile else kw
+def _constexprs(K: int, seq_pos: Tensor | None, tiling: Tiling) -> dict:
+    """The forward kernel's launch keywords: filter width, tile geometry, whether documents are given, and
+    the padded tap count of its weight tile."""
+    return dict(K=K, HAS_SEQ_POS=seq_pos is not None, BLOCK_T=tiling.rows, BLOCK_C=tiling.channels,
+                TILES=tiling.tiles, num_warps=tiling.num_warps, BLOCK_K=next_power_of_2(K))  # fmt: skip
 
 
 def _grid(rows: int, channels: int, tiling: Tiling) -> tuple[int, int]:
@@ -175,21 +174,17 @@ def short_conv_bwd(
         passthrough = dys[-1].shape[-1]
         dx[..., width - passthrough :].copy_(dys[-1])
     (x, x_stride), seq_pos_or_x = _rows(x), _seq_pos_or(x, seq_pos)
-    segments = _segments(weights, l2_groups)
-    tilings = [backward_tiling(l2_group) for _, _, l2_group in segments]
-    grids = [_grid(B * T, w.shape[0], tiling) for (_, w, _), tiling in zip(segments, tilings, strict=True)]
-    ring_size = max(rows * cols * RING_TILES * t.rows * t.channels
-                    for (rows, cols), t in zip(grids, tilings, strict=True))
-    ring = torch.empty(ring_size, device=x.device, dtype=x.dtype)  # every element written before it is read
     dws = []
-    per_segment = zip(segments, dys[: len(weights)], tilings, grids, strict=True)
-    for (offset, weight, l2_group), dy, tiling, grid in per_segment:
+    segments = _segments(weights, l2_groups)
+    for (offset, weight, l2_group), dy in zip(segments, dys[: len(weights)], strict=True):
         C = weight.shape[0]
+        tiling = backward_tiling(l2_group)
+        grid = _grid(B * T, C, tiling)
         partial = _empty((grid[0], C, K), x, torch.float32)
         launch(short_conv_bwd_kernel, grid, x[..., offset:], weight, seq_pos_or_x, dy.contiguous(),
-               dx[..., offset:], ring, partial, T, C, B * T, x_stride, width, ACTIVATION=activation,
-               NORM=bool(l2_group), RING_TILES=RING_TILES,
-               **_constexprs(K, seq_pos, tiling, weight_tile=False))  # fmt: skip
+               dx[..., offset:], partial, T, C, B * T, x_stride, width, K=K, HAS_SEQ_POS=seq_pos is not None,
+               ACTIVATION=activation, NORM=bool(l2_group), ROWS=tiling.rows * tiling.tiles,
+               BLOCK_C=tiling.channels, num_warps=tiling.num_warps)  # fmt: skip
         dws.append(partial.sum(0).view(weight.shape).to(weight.dtype))
     return [dx, *dws]
 

@@ -2,13 +2,12 @@
 
 Layout: [N = B·T, C] with channels contiguous; y and dy are contiguous, x and dx may be C channels of a
 wider tensor (one GEMM's output for several convs, whose rows inductor may pad), their rows X_STRIDE and
-DX_STRIDE elements apart. Tokens are
-addressed by their flat row r = b·T + t. A program walks TILES consecutive tiles of BLOCK_T rows × BLOCK_C
-channels; the K − 1 halo rows a tap reaches behind are read as shifted, masked loads of the same tile, which
-hit L1/L2 (the previous tile just read them); the rows the backward's dx reaches ahead come from its ring
-(bwd.py). Tap j at row r
-reads x[r − j] (weight [:, K − 1 − j]) and is used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t
-keeps it inside the batch row, seq_pos inside the current document.
+DX_STRIDE elements apart. Tokens are addressed by their flat row r = b·T + t. The forward walks TILES
+consecutive tiles of BLOCK_T rows × BLOCK_C channels per program; the K − 1 halo rows a tap reaches behind
+are read as shifted, masked loads of the same tile, which hit L1/L2 (the previous tile just read them). The
+backward walks rows one at a time (bwd.py). Tap j at row r reads x[r − j] (weight [:, K − 1 − j]) and is
+used iff pos[r] ≥ j, where pos[r] = min(t, seq_pos[r]): t keeps it inside the batch row, seq_pos inside the
+current document.
 
 With L2 normalisation (``NORM``), a tile's BLOCK_C channels are exactly one group (a head): the group's norm
 is a row reduction inside the tile.
@@ -31,15 +30,6 @@ def positions(SEQ_POS, rows, t, ok, HAS_SEQ_POS: tl.constexpr):
 
 
 @triton.jit
-def tile_rows(SEQ_POS, row0, local, T, end, HAS_SEQ_POS: tl.constexpr):
-    """(rows ok, positions) of the row tile at row0: rows from ``end`` on (the program's last row + 1, at most
-    N) are not ok."""
-    rows = row0 + local
-    row_ok = rows < end
-    return row_ok, positions(SEQ_POS, rows, rows % T, row_ok, HAS_SEQ_POS)
-
-
-@triton.jit
 def weight_tile(W, cols, col_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, X_DTYPE: tl.constexpr):
     """[BLOCK_K, BLOCK_C] fp32: row j the weight of tap j (x[r − j]), rounded to x's dtype as the
     PyTorch path does. Loaded once per program; ``tap_row`` picks a row (loop-invariant, so the compiler
@@ -57,27 +47,11 @@ def tap_row(weights, j, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def tap_weight(W, cols, col_ok, K: tl.constexpr, j: tl.constexpr, X_DTYPE: tl.constexpr):
-    """[1, BLOCK_C] weight of tap j loaded on its own, in the layout of the tile's columns. The backward
-    kernel takes its weights this way: the weight tile's per-tap row picks are cross-warp reductions and
-    raised its registers to two programs per SM. The forward keeps the tile, which measured faster there
-    (docs/benchmarks.md, "Short causal conv")."""
-    w = tl.load(W + cols * K + (K - 1 - j), mask=col_ok, other=0.0)
-    return w.to(X_DTYPE).to(tl.float32)[None, :]
-
-
-@triton.jit
 def load_tile(TILE, rows, ok, cols, col_ok, stride):
     """fp32 rows × cols of a [·, C] tensor with rows ``stride`` apart, rows counted from TILE (the tile's
     first row, so they may be negative; int32 offsets within the tile), zero where a row is not ok."""
     x = tl.load(TILE + rows[:, None] * stride + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
     return x.to(tl.float32)
-
-
-@triton.jit
-def shifted_x(X_TILE, local, row_ok, pos, cols, col_ok, stride, j: tl.constexpr):
-    """x[r − j] over the tile's rows, zero where tap j is not used."""
-    return load_tile(X_TILE, local - j, row_ok & (pos >= j), cols, col_ok, stride)
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """The Triton short causal conv against the PyTorch path of ``ShortCausalConv`` computed in fp64.
 
 CPU (TRITON_INTERPRET=1, set by tests/conftest.py): tiny shapes that cross the kernels' row tiles (8 to 32
-rows, 128 per forward program, the backward's prefetch and halo past a program's last tile; small tilings
-patched in to cross many backward programs) and channel blocks (64), odd
+rows, 128 per forward program, 128 rows per backward program with its halo past the last; fewer rows
+patched in to cross many backward programs) and channel blocks (64 forward, 128 backward), odd
 and short T, K = 1..8, SiLU on and off, several documents per row with boundaries inside tiles and on tile
 edges, B > 1 (flat rows cross batch rows inside a tile), heads L2-normalised after the conv (groups of 16–64
 channels, an all-zero head), several convs over channel ranges of one input; fp32 inputs at 1e-5,
@@ -107,23 +107,22 @@ def test_l2_normalised_heads_match_reference(B, T, C, K, activation, documents, 
 
 
 @pytest.mark.parametrize(
-    ("tiling", "K", "l2_group", "documents"),
+    ("rows", "K", "l2_group", "documents"),
     [
-        ((8, 16, 2, 2), 4, 0, [[16, 16, 1, 31, 2], [32, 3, 29, 2]]),  # starts on tile and program edges
-        ((4, 16, 3, 1), 5, 0, [[7, 1, 8, 21, 29], [20, 46]]),  # the halo spans the whole next tile
-        ((8, 16, 1, 2), 8, 0, None),  # one tile per program: every tile's dx reads the next program's
-        ((8, 16, 2, 2), 4, 16, [[16, 17, 33], [66]]),  # normalised heads
-        ((4, 16, 2, 1), 3, 8, [[5, 60, 1], [66]]),
+        (16, 4, 0, [[16, 16, 1, 31, 2], [32, 3, 29, 2]]),  # starts on program edges and next to them
+        (3, 5, 0, [[7, 1, 8, 21, 29], [20, 46]]),  # the halo spans more than the next program
+        (1, 8, 0, None),  # one row per program: its dx needs the next seven programs' rows
+        (16, 4, 16, [[16, 17, 33], [66]]),  # normalised heads
+        (8, 3, 8, [[5, 60, 1], [66]]),
     ],
 )
-def test_backward_across_program_edges(monkeypatch, tiling, K, l2_group, documents):
-    """The backward with small tilings, so that rows span many programs: each program's last tile takes its
-    dx from the next program's first rows (the halo it recomputes), dpre round trips through the ring, and
-    dw sums the partials of many programs. B = 2, T = 66: the second batch row starts inside a program."""
-    rows, channels, tiles, warps = tiling
-    small = conv_ops.Tiling(rows=rows, channels=channels, tiles=tiles, num_warps=warps)
+def test_backward_across_program_edges(monkeypatch, rows, K, l2_group, documents):
+    """The backward with few rows per program, so that rows span many programs: each program's last rows take
+    their dx from the next program's first rows (the halo it recomputes), its first rows' taps reach into
+    the program before, and dw sums the partials of many programs. B = 2, T = 66: the second batch row
+    starts inside a program; 48 channels: a block of 32 and a partial one (without normalisation)."""
+    small = conv_ops.Tiling(rows=1, channels=32, tiles=rows, num_warps=1)
     monkeypatch.setattr(conv_ops, "BACKWARD_TILING", small)
-    monkeypatch.setattr(conv_ops, "NORMALIZED_BACKWARD_TILING", small)
     seq_pos = None if documents is None else positions(documents)
     check(2, 66, 48, K, True, seq_pos, l2_group=l2_group)
 

@@ -4,9 +4,10 @@ gradient's partial sums, in one pass over x and dy.
 Each program walks its rows one at a time, one warp over a block of channels (a whole head when the rows are
 L2-normalised, so a row's norm is a reduction within the warp). dpre[r] needs x[r − j] for j < K and dx[r]
 needs dpre[r + s] for s < K: both are sliding windows along the rows, carried in registers from one row to
-the next, so no value is read twice from memory and none is recomputed. A row's dpre adds its K taps to the
-dx of the K rows ending at it; the oldest of them is then complete and stored. The program reads K − 1 rows
-before its first (x only) and computes dpre for K − 1 rows after its last, for its last rows' dx.
+the next, so a program reads each row once and dpre never goes to memory. A row's dpre adds its K taps to
+the dx of the K rows ending at it; the oldest of them is then complete and stored. The program also reads
+the K − 1 rows before its first (x only) and computes dpre again for the K − 1 rows after its last (the
+next program's), for its last rows' dx.
 """
 
 from __future__ import annotations

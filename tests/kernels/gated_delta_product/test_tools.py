@@ -61,7 +61,7 @@ def test_kernel_resources_short_conv_forward_backward():
     kernels = _kernels(run.stdout)
     assert set(kernels) == {"short_conv_fwd_kernel", "short_conv_bwd_kernel"}
     _, _, flags = kernels["short_conv_bwd_kernel"]
-    assert "BLOCK_T=16" in flags and "BLOCK_C=64" in flags and "TILES=32" in flags  # its own tiling
+    assert "ROWS=128" in flags and "BLOCK_C=128" in flags and "num_warps=1" in flags  # its own geometry
     assert all(0 < r <= 255 and b >= 1 for r, b, _ in kernels.values())
 
 
